@@ -1,0 +1,1 @@
+"""Mixed-precision policy, loss scalers and in-graph gradient health."""

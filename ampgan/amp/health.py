@@ -1,0 +1,39 @@
+"""In-graph gradient health: a few reductions per parameter gradient, one small tensor per step.
+
+For each gradient g (as the scaled backward pass produced it) the row is
+    zero      fraction of elements exactly 0
+    underflow fraction nonzero but below float16's smallest normal 2**-14 (~6.1e-5):
+              float16 holds them only as subnormals (down to 2**-24), with lost precision
+    max_abs   max |g|
+    nonfinite count of inf/nan elements
+Computed inside the jitted step so the host fetches one (n_params, 4) array, not every gradient.
+"""
+
+from __future__ import annotations
+
+import mindspore as ms
+from mindspore import ops
+
+FP16_MIN_NORMAL = 2.0**-14
+FP16_MIN_SUBNORMAL = 2.0**-24
+HEALTH_FIELDS = ("zero", "underflow", "max_abs", "nonfinite")
+
+
+def grad_health(grads: tuple) -> ms.Tensor:
+    rows = []
+    for g in grads:
+        a = ops.abs(g.astype(ms.float32)).reshape(-1)
+        zero = (a == 0).astype(ms.float32).mean()
+        underflow = ops.logical_and(a > 0, a < FP16_MIN_NORMAL).astype(ms.float32).mean()
+        nonfinite = ops.logical_not(ops.isfinite(a)).astype(ms.float32).sum()
+        rows.append(ops.stack([zero, underflow, a.max(), nonfinite]))
+    return ops.stack(rows)
+
+
+def no_health(grads: tuple) -> ms.Tensor:
+    """The same shape, all zeros, nothing computed: `trainer.grad_health=false`."""
+    return ops.zeros((len(grads), len(HEALTH_FIELDS)), ms.float32)
+
+
+def global_norm(grads: tuple) -> ms.Tensor:
+    return ops.sqrt(ops.addn([ops.square(g.astype(ms.float32)).sum() for g in grads]))

@@ -1,0 +1,63 @@
+"""Pictures drawn with Pillow alone: scatter plots, image grids, heat maps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+REAL = (150, 150, 150)
+FAKE = (230, 110, 20)
+
+
+def scatter(real: np.ndarray, fake: np.ndarray, path: Path, size: int = 480, title: str = "") -> Path:
+    """Real points in grey, generated points in orange, on a shared square extent."""
+    both = np.concatenate([real, fake[np.isfinite(fake).all(axis=1)]])
+    lo, hi = np.percentile(both, 0.5, axis=0).min(), np.percentile(both, 99.5, axis=0).max()
+    lo, hi = min(lo, real.min()) - 0.1, max(hi, real.max()) + 0.1
+    img = Image.new("RGB", (size, size), "white")
+    draw = ImageDraw.Draw(img)
+
+    def to_px(p: np.ndarray) -> np.ndarray:
+        return (p - lo) / (hi - lo) * (size - 20) + 10
+
+    for pts, colour in ((real, REAL), (fake, FAKE)):
+        for x, y in to_px(pts[np.isfinite(pts).all(axis=1)]):
+            draw.ellipse((x - 1.5, size - y - 1.5, x + 1.5, size - y + 1.5), fill=colour)
+    draw.text((8, 6), title or "grey: real, orange: generated", fill=(0, 0, 0))
+    img.save(path)
+    return Path(path)
+
+
+def image_grid(images: np.ndarray, path: Path, ncol: int = 8, zoom: int = 4) -> Path:
+    """(N, 1, H, W) images in [-1, 1] tiled in a grid, scaled up `zoom` times."""
+    n, _, h, w = images.shape
+    nrow = -(-n // ncol)
+    grid = np.full((nrow * (h + 1) + 1, ncol * (w + 1) + 1), 0.5, dtype=np.float32)
+    for i, im in enumerate(np.clip((np.nan_to_num(images[:, 0]) + 1) / 2, 0, 1)):
+        r, c = divmod(i, ncol)
+        grid[1 + r * (h + 1) : 1 + r * (h + 1) + h, 1 + c * (w + 1) : 1 + c * (w + 1) + w] = im
+    img = Image.fromarray((grid * 255).astype(np.uint8)).resize((grid.shape[1] * zoom, grid.shape[0] * zoom), Image.NEAREST)
+    img.save(path)
+    return Path(path)
+
+
+def heatmap(matrix: np.ndarray, path: Path, cell: int = 32, title: str = "") -> Path:
+    """A matrix as white-to-blue cells with the values written in them (e.g. a confusion matrix)."""
+    rows, cols = matrix.shape
+    top = 20
+    img = Image.new("RGB", (cols * cell + 1, rows * cell + top + 1), "white")
+    draw = ImageDraw.Draw(img)
+    peak = max(float(np.nanmax(matrix)), 1e-12)
+    for r in range(rows):
+        for c in range(cols):
+            v = float(matrix[r, c])
+            t = 0.0 if not np.isfinite(v) else min(max(v / peak, 0.0), 1.0)
+            fill = (int(255 - 200 * t), int(255 - 150 * t), 255)
+            box = (c * cell, top + r * cell, (c + 1) * cell, top + (r + 1) * cell)
+            draw.rectangle(box, fill=fill, outline=(200, 200, 200))
+            draw.text((box[0] + 3, box[1] + cell // 3), f"{v:g}"[:5], fill=(0, 0, 0))
+    draw.text((4, 4), title, fill=(0, 0, 0))
+    img.save(path)
+    return Path(path)

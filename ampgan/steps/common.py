@@ -1,0 +1,81 @@
+"""What every train step shares: scaled backward -> unscale -> health -> clip -> adjust -> update."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import mindspore as ms
+import numpy as np
+from mindspore import amp, ops
+
+from ampgan.amp.health import HEALTH_FIELDS, global_norm
+
+STATUS_FIELDS = ("finite", "applied", "scale", "grad_norm", "clipped")
+
+
+def build_update(optimizer, scaler, health_fn: Callable) -> Callable:
+    """Return `update(scaled_grads) -> (status, health)` for use inside a compiled step."""
+
+    def update(scaled_grads):
+        health = health_fn(scaled_grads)
+        scale_used = scaler.scale_value * 1.0
+        grads = scaler.unscale(scaled_grads)
+        finite = amp.all_finite(grads)
+        norm = global_norm(grads)
+        grads, clipped = scaler.clip(grads, norm)
+        apply = scaler.adjust(finite, health)
+        if apply:
+            optimizer(grads)
+        status = ops.stack([finite.astype(ms.float32), apply.astype(ms.float32), scale_used, norm, clipped])
+        return status, health
+
+    return update
+
+
+@dataclass
+class StepStatus:
+    """One step's status on the host, decoded from the packed tensor."""
+
+    losses: dict[str, float]
+    finite: bool
+    applied: bool
+    scale: float
+    grad_norm: float
+    clipped: bool
+    health: np.ndarray  # (n_params, len(HEALTH_FIELDS))
+
+
+@dataclass
+class Step:
+    """A compiled train step and the layout of the status tensor it returns."""
+
+    fn: Callable
+    loss_names: tuple[str, ...]
+    param_names: tuple[str, ...]
+
+    def __call__(self, *inputs) -> StepStatus:
+        packed = self.fn(*inputs).asnumpy()
+        n_loss, n_stat = len(self.loss_names), len(STATUS_FIELDS)
+        stat = packed[n_loss : n_loss + n_stat]
+        return StepStatus(
+            losses=dict(zip(self.loss_names, packed[:n_loss].tolist())),
+            finite=bool(stat[0]), applied=bool(stat[1]), scale=float(stat[2]),
+            grad_norm=float(stat[3]), clipped=bool(stat[4]),
+            health=packed[n_loss + n_stat :].reshape(len(self.param_names), len(HEALTH_FIELDS)),
+        )
+
+
+def make_step(loss_fn: Callable, weights: Sequence, optimizer, scaler, health_fn: Callable,
+              loss_names: Sequence[str], jit: bool = True) -> Step:
+    """Wrap `loss_fn(*inputs) -> (scaled_loss, stacked_losses)` into a full train step."""
+    grad_fn = ms.value_and_grad(loss_fn, None, tuple(weights), has_aux=True)
+    update = build_update(optimizer, scaler, health_fn)
+
+    def step(*inputs):
+        (_, losses), scaled_grads = grad_fn(*inputs)
+        status, health = update(scaled_grads)
+        return ops.concat([losses.astype(ms.float32), status, health.reshape(-1)])
+
+    return Step(fn=ms.jit(step) if jit else step, loss_names=tuple(loss_names),
+                param_names=tuple(p.name for p in weights))

@@ -1,0 +1,199 @@
+"""Build stage: turn validated settings into a task the trainer loop can drive.
+
+A task owns its nets, optimizers, scalers and compiled steps, and offers the loop four
+things: `train_step()` -> flat metrics, `evaluate()` -> metrics, `save_pictures(dir)`
+and `cells()` for checkpoints. `GanTask` and `ClassifierTask` share everything below
+that through `ampgan.steps.common`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mindspore as ms
+import numpy as np
+from mindspore import mint
+
+from ampgan import plots
+from ampgan.amp.health import HEALTH_FIELDS, grad_health, no_health
+from ampgan.amp.policy import apply_amp, shared_fp32_twin
+from ampgan.amp.scalers import build_scaler
+from ampgan.config import Settings
+from ampgan.data import Batches, Dataset
+from ampgan.metrics import confusion_matrix, mode_coverage, sliced_wasserstein, softmax_cross_entropy
+from ampgan.models import Classifier, Critic, Generator
+from ampgan.steps.classifier import build_classifier_step
+from ampgan.steps.common import Step, StepStatus
+from ampgan.steps.gan import build_gan_steps
+
+
+class NetState:
+    """Host-side bookkeeping for one optimised net: its step, cumulative skips, metric names."""
+
+    def __init__(self, prefix: str, step: Step, params: list):
+        self.prefix, self.step = prefix, step
+        self.sizes = np.array([p.size for p in params], dtype=np.float64)
+        self.skipped = 0
+        self.clipped = 0
+        self.steps = 0
+        self.last_health: np.ndarray | None = None
+
+    def record(self, statuses: list[StepStatus]) -> dict[str, float]:
+        """Metrics of one or more consecutive steps of this net (losses averaged, state from the last)."""
+        last = statuses[-1]
+        self.steps += len(statuses)
+        self.skipped += sum(not s.applied for s in statuses)
+        self.clipped += sum(s.clipped for s in statuses)
+        self.last_health = last.health
+        p = self.prefix
+        out = {f"{p}/{k}": float(np.mean([s.losses[k] for s in statuses])) for k in last.losses}
+        out.update({
+            f"{p}/scale": last.scale, f"{p}/grad_norm": last.grad_norm,
+            f"{p}/skipped": float(self.skipped), f"{p}/finite": float(all(s.finite for s in statuses)),
+            f"{p}/clip_rate": self.clipped / self.steps,
+        })
+        h = last.health
+        w = self.sizes / self.sizes.sum()
+        out[f"{p}/underflow"] = float(h[:, HEALTH_FIELDS.index("underflow")] @ w)
+        out[f"{p}/zero"] = float(h[:, HEALTH_FIELDS.index("zero")] @ w)
+        out[f"{p}/max_abs_scaled_grad"] = float(h[:, HEALTH_FIELDS.index("max_abs")].max())
+        out[f"{p}/nonfinite"] = float(h[:, HEALTH_FIELDS.index("nonfinite")].sum())
+        return out
+
+    def layer_health(self) -> dict[str, float]:
+        """Per-parameter health of the last step, named `grad/<param>/<field>`."""
+        if self.last_health is None:
+            return {}
+        return {f"grad/{name}/{field}": float(v)
+                for name, row in zip(self.step.param_names, self.last_health)
+                for field, v in zip(HEALTH_FIELDS, row)}
+
+
+def _health_fn(s: Settings):
+    return grad_health if s.trainer.grad_health else no_health
+
+
+class GanTask:
+    objective = "eval/swd"
+    direction = "minimize"
+
+    def __init__(self, s: Settings, data: Dataset):
+        m, shape = s.model, data.sample_shape
+        self.data, self.n_critic, self.z_dim = data, m.n_critic, m.z_dim
+        self.eval_samples, self.seed = s.trainer.eval_samples, s.trainer.seed
+
+        def make_critic():
+            return Critic(shape, m.hidden, m.depth)
+
+        self.gen = Generator(m.z_dim, shape, m.hidden, m.depth)
+        self.gen.update_parameters_name("G.")
+        self.critic = make_critic()
+        self.critic.update_parameters_name("D.")
+        twin = shared_fp32_twin(make_critic, self.critic) if s.amp.fp32_gradient_penalty else None
+        gen_amp = apply_amp(self.gen, s.amp.level, s.amp.keep_fp32)
+        critic_amp = apply_amp(self.critic, s.amp.level, s.amp.keep_fp32)
+        self.gen_amp = gen_amp
+        opt_g = mint.optim.Adam(gen_amp.trainable_params(), lr=m.lr_g, betas=tuple(m.betas))
+        opt_d = mint.optim.Adam(critic_amp.trainable_params(), lr=m.lr_d, betas=tuple(m.betas))
+        critic_step, gen_step = build_gan_steps(
+            gen_amp, critic_amp, twin if twin is not None else critic_amp, opt_g, opt_d,
+            build_scaler(s.scaler, "G.scaler"), build_scaler(s.scaler, "D.scaler"),
+            m.gp_lambda, _health_fn(s), jit=s.hardware.jit)
+        self.critic_state = NetState("critic", critic_step, critic_amp.trainable_params())
+        self.gen_state = NetState("gen", gen_step, gen_amp.trainable_params())
+        self.batches = Batches(data.x_train, data.y_train, s.trainer.batch_size, s.trainer.seed)
+        self.rng = np.random.default_rng(s.trainer.seed + 1)
+        self.batch_size = s.trainer.batch_size
+        self.alpha_shape = (self.batch_size,) + (1,) * len(shape)
+
+    def states(self) -> list[NetState]:
+        return [self.critic_state, self.gen_state]
+
+    def _z(self, n: int) -> ms.Tensor:
+        return ms.Tensor(self.rng.standard_normal((n, self.z_dim)).astype(np.float32))
+
+    def train_step(self) -> dict[str, float]:
+        critic = []
+        for _ in range(self.n_critic):
+            real, _ = self.batches.next()
+            alpha = self.rng.uniform(size=self.alpha_shape).astype(np.float32)
+            critic.append(self.critic_state.step(ms.Tensor(real), self._z(self.batch_size), ms.Tensor(alpha)))
+        gen = self.gen_state.step(self._z(self.batch_size))
+        return {**self.critic_state.record(critic), **self.gen_state.record([gen])}
+
+    def generate(self, n: int, seed: int) -> np.ndarray:
+        rng = np.random.default_rng(seed)
+        z = rng.standard_normal((n, self.z_dim)).astype(np.float32)
+        return np.concatenate([self.gen_amp(ms.Tensor(chunk)).asnumpy() for chunk in np.array_split(z, max(1, n // 1024))])
+
+    def evaluate(self) -> dict[str, float]:
+        fake = self.generate(self.eval_samples, seed=self.seed + 7)
+        finite = np.isfinite(fake.reshape(len(fake), -1)).all(axis=1)
+        out = {"eval/finite_samples": float(finite.mean())}
+        if not finite.any():
+            return {**out, "eval/swd": float("nan")}
+        out["eval/swd"] = sliced_wasserstein(fake[finite], self.data.x_test, seed=self.seed)
+        if self.data.modes is not None:
+            cov = mode_coverage(fake[finite], self.data.modes, self.data.mode_radius)
+            out.update({f"eval/{k}": v for k, v in cov.items()})
+        return out
+
+    def save_pictures(self, folder: Path) -> list[Path]:
+        if self.data.is_image:
+            return [plots.image_grid(self.generate(64, seed=self.seed + 9), folder / "samples.png")]
+        fake = self.generate(min(self.eval_samples, 2000), seed=self.seed + 9)
+        return [plots.scatter(self.data.x_test[:2000], fake, folder / "samples.png")]
+
+    def cells(self) -> dict[str, ms.nn.Cell]:
+        return {"generator": self.gen, "critic": self.critic}
+
+
+class ClassifierTask:
+    objective = "eval/accuracy"
+    direction = "maximize"
+
+    def __init__(self, s: Settings, data: Dataset):
+        self.data = data
+        self.net = Classifier(data.sample_shape, data.n_classes, s.model.width)
+        net_amp = apply_amp(self.net, s.amp.level, s.amp.keep_fp32)
+        self.net_amp = net_amp
+        opt = mint.optim.Adam(net_amp.trainable_params(), lr=s.model.lr, betas=tuple(s.model.betas))
+        step = build_classifier_step(net_amp, opt, build_scaler(s.scaler, "scaler"), _health_fn(s),
+                                     fp32_loss=s.amp.fp32_loss, jit=s.hardware.jit)
+        self.state = NetState("train", step, net_amp.trainable_params())
+        self.batches = Batches(data.x_train, data.y_train, s.trainer.batch_size, s.trainer.seed)
+
+    def states(self) -> list[NetState]:
+        return [self.state]
+
+    def train_step(self) -> dict[str, float]:
+        x, y = self.batches.next()
+        return self.state.record([self.state.step(ms.Tensor(x), ms.Tensor(y))])
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        self.net_amp.set_train(False)
+        try:
+            return np.concatenate([self.net_amp(ms.Tensor(c)).asnumpy().astype(np.float64)
+                                   for c in np.array_split(x, max(1, len(x) // 512))])
+        finally:
+            self.net_amp.set_train(True)
+
+    def evaluate(self) -> dict[str, float]:
+        logits = self.logits(self.data.x_test)
+        return {"eval/accuracy": float((logits.argmax(1) == self.data.y_test).mean()),
+                "eval/loss": softmax_cross_entropy(logits, self.data.y_test)}
+
+    def save_pictures(self, folder: Path) -> list[Path]:
+        pred = self.logits(self.data.x_test).argmax(1)
+        cm = confusion_matrix(pred, self.data.y_test, self.data.n_classes)
+        return [plots.heatmap(cm, folder / "confusion.png", title="confusion: rows true, columns predicted")]
+
+    def cells(self) -> dict[str, ms.nn.Cell]:
+        return {"classifier": self.net}
+
+
+TASKS = {"wgan_gp": GanTask, "classifier": ClassifierTask}
+
+
+def build_task(s: Settings, data: Dataset):
+    return TASKS[s.model.name](s, data)
