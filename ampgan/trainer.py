@@ -1,0 +1,109 @@
+"""The loop: train steps -> metrics to the tracker, periodic eval, checkpoints, one status line.
+
+The run's lifecycle is here too: whatever happens, the tracked run ends FINISHED, FAILED
+(the error recorded) or KILLED (Ctrl-C / SIGTERM), with every buffered metric flushed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import mindspore as ms
+
+log = logging.getLogger("ampgan")
+
+
+def fit(task, tracker, cfg, run_dir: Path) -> dict[str, float]:
+    """Train `task` for `cfg.max_steps` steps (`cfg` is a TrainerConfig); return the final metrics."""
+    progress = Progress(cfg.max_steps)
+    nonfinite_run, outcome = 0, "completed"
+    for step in range(1, cfg.max_steps + 1):
+        metrics = task.train_step()
+        if step % cfg.log_every == 0 or step == 1:
+            tracker.log_metrics(metrics, step)
+        nonfinite_run = 0 if all(math.isfinite(v) for k, v in metrics.items() if k.endswith("/loss")) else nonfinite_run + 1
+        if step % cfg.print_every == 0 or step == cfg.max_steps:
+            log.info(progress.line(step, metrics))
+        if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
+            tracker.log_metrics(task.evaluate(), step)
+        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+            save_checkpoints(task, run_dir / "checkpoints")
+        if nonfinite_run >= cfg.max_nonfinite_steps:
+            outcome = "diverged"
+            log.warning(f"step {step}: losses non-finite for {nonfinite_run} steps in a row; stopping (diverged)")
+            break
+    final = {**task.evaluate(), "train/steps": float(step), "train/diverged": float(outcome == "diverged")}
+    for state in task.states():
+        final[f"{state.prefix}/skipped_total"] = float(state.skipped)
+    tracker.log_metrics(final, step)
+    for picture in task.save_pictures(run_dir):
+        tracker.log_artifact(picture, "samples")
+    for ckpt in save_checkpoints(task, run_dir / "checkpoints"):
+        tracker.log_artifact(ckpt, "checkpoints")
+    tracker.set_tags({"outcome": outcome})
+    log.info("final: " + "  ".join(f"{k} {v:.4g}" for k, v in final.items()))
+    return final
+
+
+def save_checkpoints(task, folder: Path) -> list[Path]:
+    """One checkpoint per net, written to a temporary name and renamed: never half-written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, cell in task.cells().items():
+        final, tmp = folder / f"{name}.ckpt", folder / f".{name}.partial.ckpt"
+        ms.save_checkpoint(cell, str(tmp))
+        os.replace(tmp, final)
+        paths.append(final)
+    return paths
+
+
+class Progress:
+    """One status line: step, main losses, loss scales, skipped steps, speed, time left."""
+
+    def __init__(self, total: int):
+        self.total, self.start = total, time.perf_counter()
+
+    def line(self, step: int, m: dict[str, float]) -> str:
+        elapsed = time.perf_counter() - self.start
+        rate = step / max(elapsed, 1e-9)
+        parts = [f"step {step}/{self.total} ({100 * step // self.total}%)"]
+        parts += [f"{k} {v:.4g}" for k, v in m.items() if k.endswith("/loss")]
+        parts += [f"{k} {v:g}" for k, v in m.items() if k.endswith("/scale") or k.endswith("/skipped")]
+        parts.append(f"{rate:.1f} step/s, eta {int((self.total - step) / rate)}s")
+        return " | ".join(parts)
+
+
+@contextmanager
+def tracked_run(tracker, run_name: str, params: dict, tags: dict):
+    """Start a run; end it FINISHED, KILLED (KeyboardInterrupt, SIGTERM) or FAILED (error recorded)."""
+    previous = _sigterm_as_interrupt()
+    tracker.start(run_name, params, tags)
+    try:
+        yield tracker
+    except KeyboardInterrupt:
+        tracker.finish("KILLED", "interrupted (Ctrl-C or SIGTERM)")
+        raise
+    except BaseException as err:
+        tracker.finish("FAILED", f"{type(err).__name__}: {err}")
+        raise
+    else:
+        tracker.finish("FINISHED")
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _sigterm_as_interrupt():
+    def handler(signum, frame):
+        raise KeyboardInterrupt("SIGTERM")
+
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (e.g. a sweep worker thread): leave signals alone
+        return None

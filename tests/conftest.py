@@ -1,0 +1,47 @@
+"""Shared fixtures: the real config, composed and shrunk; a real MLflow store in tmp_path."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from ampgan.config import CONF_DIR
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def outputs(tmp_path, monkeypatch) -> Path:
+    """Point ampgan's outputs (runs, embedded MLflow store) at a temporary folder."""
+    out = tmp_path / "outputs"
+    monkeypatch.setenv("AMPGAN_OUTPUTS", str(out))
+    monkeypatch.chdir(tmp_path)
+    return out
+
+
+def compose_cfg(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="train", overrides=list(overrides))
+
+
+def store_uri(outputs: Path) -> str:
+    return f"sqlite:///{outputs / 'mlflow.db'}"
+
+
+def all_runs(outputs: Path):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(store_uri(outputs))
+    exps = client.search_experiments()
+    return client, [r for e in exps for r in client.search_runs([e.experiment_id])] if exps else []
+
+
+def run_cli(*args: str, outputs: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "AMPGAN_OUTPUTS": str(outputs), "GLOG_v": "3"}
+    return subprocess.run([sys.executable, "-m", "ampgan.train", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
