@@ -224,6 +224,10 @@ def validate(cfg: DictConfig) -> Settings:
     for group in ("model", "data", "amp", "scaler", "hardware", "trainer", "tracking"):
         if group not in cfg:
             raise AmpganError(f"config has no '{group}' group")
+    try:  # interpolations such as ${amp.level} resolve against the whole config, so resolve first
+        cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    except OmegaConfBaseException as err:
+        raise AmpganError(f"{getattr(err, 'full_key', '') or 'config'}: {str(err).splitlines()[0]}") from None
     settings = Settings(
         model=_build("model", _schema("model", MODELS, cfg.model), cfg.model),
         data=_build("data", DataConfig, cfg.data),

@@ -9,16 +9,19 @@ line asks for (sweeps included) is composed and validated up front, so
 from __future__ import annotations
 
 import itertools
+import re
 import sys
 
 from hydra import compose, initialize_config_dir
 from hydra._internal.utils import get_args_parser
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ampgan import AmpganError
 from ampgan.config import CONF_DIR, validate
+from ampgan.hardware import check_device
 
 MAX_COMBINATIONS = 256
 
@@ -60,8 +63,27 @@ def check(argv: list[str]) -> None:
             try:
                 cfg = compose(config_name=args.config_name or "train", overrides=list(combo))
             except (HydraException, OmegaConfBaseException) as err:
-                raise AmpganError(_first_line(err)) from None
-            validate(cfg)
+                raise AmpganError(_explain(err, args.config_name or "train", list(combo))) from None
+            settings = validate(cfg)
+            check_device(settings.hardware.device)
+
+
+def _explain(err: BaseException, config_name: str, combo: list[str]) -> str:
+    """Name the keys that exist where an override asked for one that does not."""
+    match = re.match(r"Could not override '([^']+)'", str(err))
+    if not match:
+        return _first_line(err)
+    key = match.group(1)
+    parent, _, leaf = key.rpartition(".")
+    rest = [o for o in combo if not o.lstrip("+").startswith(key + "=")]
+    try:
+        node = compose(config_name=config_name, overrides=rest)
+        node = OmegaConf.select(node, parent) if parent else node
+        known = ", ".join(sorted(node.keys())) if isinstance(node, DictConfig) else ""
+    except (HydraException, OmegaConfBaseException):
+        known = ""
+    where = f" in {parent}" if parent else ""
+    return f"{key}: no key '{leaf}'{where}" + (f" (keys: {known})" if known else "")
 
 
 def run_checked(main) -> None:

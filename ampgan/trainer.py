@@ -31,7 +31,9 @@ def fit(task, tracker, cfg, run_dir: Path) -> dict[str, float]:
         if step % cfg.print_every == 0 or step == cfg.max_steps:
             log.info(progress.line(step, metrics))
         if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
-            tracker.log_metrics(task.evaluate(), step)
+            evaluation = task.evaluate()
+            tracker.log_metrics(evaluation, step)
+            log.info(f"eval at step {step}: " + "  ".join(f"{k} {v:.4g}" for k, v in evaluation.items()))
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
             save_checkpoints(task, run_dir / "checkpoints")
         if nonfinite_run >= cfg.max_nonfinite_steps:

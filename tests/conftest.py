@@ -15,6 +15,12 @@ from ampgan.config import CONF_DIR
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True)
+def _scratch_cwd(tmp_path, monkeypatch):
+    """MindSpore writes rank_0/ and *.ir into the working directory: keep them out of the repo."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture
 def outputs(tmp_path, monkeypatch) -> Path:
     """Point ampgan's outputs (runs, embedded MLflow store) at a temporary folder."""

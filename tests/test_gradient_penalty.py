@@ -34,6 +34,15 @@ def finite_difference(critic, param, real, fake, alpha, indices, eps=1e-3):
     return np.array(grads)
 
 
+def penalty_weight_grads(critic, params, real, fake, alpha) -> list[np.ndarray]:
+    """d GP / d params, compiled with ms.jit (as the critic step does)."""
+
+    def penalty(r, f, a):
+        return gradient_penalty(critic, r, f, a)
+
+    return [g.asnumpy() for g in ms.jit(ms.grad(penalty, None, params))(real, fake, alpha)]
+
+
 @pytest.mark.parametrize("shape", [(2,), (1, 8, 8)])
 def test_gp_weight_gradient_matches_finite_differences(shape):
     ms.set_seed(3)
@@ -45,8 +54,7 @@ def test_gp_weight_gradient_matches_finite_differences(shape):
     alpha = ms.Tensor(rng.uniform(size=(16,) + (1,) * len(shape)).astype(np.float32))
     params = critic.trainable_params()
 
-    grad_fn = ms.jit(ms.grad(lambda r, f, a: gradient_penalty(critic, r, f, a), None, params))
-    analytic = [g.asnumpy() for g in grad_fn(real, fake, alpha)]
+    analytic = penalty_weight_grads(critic, params, real, fake, alpha)
 
     checked = 0
     for p, g in zip(params, analytic):
@@ -54,8 +62,11 @@ def test_gp_weight_gradient_matches_finite_differences(shape):
             continue  # weights only; biases of the last layer have a zero GP gradient by construction
         flat = np.argsort(-np.abs(g).ravel())[:3]
         indices = [np.unravel_index(i, g.shape) for i in flat]
-        fd = finite_difference(critic, p, real, fake, alpha, indices)
-        np.testing.assert_allclose(g[tuple(np.array(indices).T)], fd, rtol=0.05, atol=2e-4, err_msg=p.name)
+        # ReLU kinks can spoil one step size; a wrong (e.g. zero) gradient fails at both.
+        fds = [finite_difference(critic, p, real, fake, alpha, indices, eps) for eps in (1e-3, 3e-4)]
+        got = g[tuple(np.array(indices).T)]
+        ok = np.any([np.isclose(got, fd, rtol=0.05, atol=2e-4) for fd in fds], axis=0)
+        assert ok.all(), f"{p.name}: analytic {got} vs finite differences {fds}"
         assert np.abs(g).max() > 1e-4, f"{p.name}: GP weight gradient is all zero"
         checked += 1
     assert checked >= 2
@@ -73,8 +84,8 @@ def test_fp32_twin_shares_parameters_and_matches_fp32_gradient():
     real, fake = (ms.Tensor(rng.standard_normal((32, 2)).astype(np.float32)) for _ in range(2))
     alpha = ms.Tensor(rng.uniform(size=(32, 1)).astype(np.float32))
     params = critic.trainable_params()
-    fp32 = [g.asnumpy() for g in ms.jit(ms.grad(lambda r, f, a: gradient_penalty(critic, r, f, a), None, params))(real, fake, alpha)]
+    fp32 = penalty_weight_grads(critic, params, real, fake, alpha)
     apply_amp(critic, "O2", [])
-    via_twin = [g.asnumpy() for g in ms.jit(ms.grad(lambda r, f, a: gradient_penalty(twin, r, f, a), None, params))(real, fake, alpha)]
+    via_twin = penalty_weight_grads(twin, params, real, fake, alpha)
     for a, b in zip(fp32, via_twin):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)

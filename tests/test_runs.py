@@ -1,0 +1,88 @@
+"""Smoke runs of each model under O0 and O2, tracked in a real MLflow store in tmp_path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ampgan.train import train
+from tests.conftest import all_runs, compose_cfg
+
+CASES = {
+    "gan": ["model=wgan_gp", "data=gaussians8"],
+    "classifier": ["model=classifier", "data=digits"],
+}
+
+
+@pytest.mark.parametrize("amp", ["o0", "o2"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_smoke_run_is_tracked(outputs, tmp_path, case, amp):
+    cfg = compose_cfg(*CASES[case], f"amp={amp}", "scaler=dynamic", "trainer=smoke")
+    objective = train(cfg, run_dir=tmp_path / "run")
+    assert np.isfinite(objective)
+
+    client, runs = all_runs(outputs)
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["amp"] == amp.upper() and run.data.tags["scaler"] == "dynamic"
+    assert run.data.tags["outcome"] == "completed"
+    assert run.data.params["amp.level"] == amp.upper()
+    assert run.data.params["trainer.max_steps"] == "6"
+    prefix = "critic" if case == "gan" else "train"
+    loss = client.get_metric_history(run.info.run_id, f"{prefix}/loss")
+    scale = client.get_metric_history(run.info.run_id, f"{prefix}/scale")
+    assert [m.step for m in loss] == [1, 2, 3, 4, 5, 6]
+    values = [m.value for m in scale]
+    assert values[0] == 65536.0 and all(1 <= v <= 65536.0 and np.log2(v).is_integer() for v in values)
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"samples", "checkpoints", "config.yaml"} <= artifacts
+    pictures = [a.path for a in client.list_artifacts(run.info.run_id, "samples")]
+    assert pictures and pictures[0].endswith(".png")
+    final_key = "eval/swd" if case == "gan" else "eval/accuracy"
+    assert run.data.metrics[final_key] == pytest.approx(objective)
+    # the artifact store sits beside the database, not in the working directory
+    assert run.info.artifact_uri.startswith((outputs / "mlartifacts").as_uri())
+
+
+def test_runs_are_deterministic(outputs, tmp_path):
+    cfg = compose_cfg("model=wgan_gp", "amp=o2", "scaler=dynamic", "trainer=smoke", "tracking=none")
+    a = train(cfg, run_dir=tmp_path / "a")
+    b = train(cfg, run_dir=tmp_path / "b")
+    assert a == b
+
+
+def test_failing_run_ends_failed_with_error_and_metrics(outputs, tmp_path, monkeypatch):
+    from ampgan import tasks
+
+    calls = {"n": 0}
+    original = tasks.ClassifierTask.train_step
+
+    def flaky(self):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise RuntimeError("boom at step 4")
+        return original(self)
+
+    monkeypatch.setattr(tasks.ClassifierTask, "train_step", flaky)
+    cfg = compose_cfg("model=classifier", "data=digits", "trainer=smoke", "tracking.flush_every=1000")
+    with pytest.raises(RuntimeError, match="boom"):
+        train(cfg, run_dir=tmp_path / "run")
+    client, runs = all_runs(outputs)
+    assert runs[0].info.status == "FAILED"
+    assert "boom at step 4" in runs[0].data.tags["error"]
+    # buffered metrics of steps 1-3 were flushed, not dropped
+    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "train/loss")] == [1, 2, 3]
+
+
+def test_interrupted_run_ends_killed(outputs, tmp_path, monkeypatch):
+    from ampgan import tasks
+
+    def interrupt(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tasks.ClassifierTask, "train_step", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        train(compose_cfg("model=classifier", "data=digits", "trainer=smoke"), run_dir=tmp_path / "run")
+    _, runs = all_runs(outputs)
+    assert [r.info.status for r in runs] == ["KILLED"]
