@@ -150,6 +150,7 @@ class TrainerConfig:
     checkpoint_every: int = 0    # 0: checkpoint only at the end
     eval_samples: int = 2000     # generated samples for GAN metrics
     grad_health: bool = True     # in-graph gradient statistics in every step
+    layer_health_every: int = 100  # per-parameter health metrics (grad/<param>/<field>); 0: never
     max_nonfinite_steps: int = 50  # stop as diverged after this many non-finite losses in a row
 
     def __post_init__(self) -> None:
@@ -157,7 +158,7 @@ class TrainerConfig:
         _require(self.batch_size >= 2, f"trainer.batch_size must be >= 2, got {self.batch_size}")
         for key in ("log_every", "print_every"):
             _require(getattr(self, key) >= 1, f"trainer.{key} must be >= 1, got {getattr(self, key)}")
-        for key in ("eval_every", "checkpoint_every"):
+        for key in ("eval_every", "checkpoint_every", "layer_health_every"):
             _require(getattr(self, key) >= 0, f"trainer.{key} must be >= 0, got {getattr(self, key)}")
         _require(self.eval_samples >= 100, f"trainer.eval_samples must be >= 100, got {self.eval_samples}")
         _require(self.max_nonfinite_steps >= 1,

@@ -86,9 +86,9 @@ class GanTask:
             return Critic(shape, m.hidden, m.depth)
 
         self.gen = Generator(m.z_dim, shape, m.hidden, m.depth)
-        self.gen.update_parameters_name("G.")
+        self.gen.update_parameters_name("gen.")
         self.critic = make_critic()
-        self.critic.update_parameters_name("D.")
+        self.critic.update_parameters_name("critic.")
         twin = shared_fp32_twin(make_critic, self.critic) if s.amp.fp32_gradient_penalty else None
         gen_amp = apply_amp(self.gen, s.amp.level, s.amp.keep_fp32)
         critic_amp = apply_amp(self.critic, s.amp.level, s.amp.keep_fp32)
@@ -97,7 +97,7 @@ class GanTask:
         opt_d = mint.optim.Adam(critic_amp.trainable_params(), lr=m.lr_d, betas=tuple(m.betas))
         critic_step, gen_step = build_gan_steps(
             gen_amp, critic_amp, twin if twin is not None else critic_amp, opt_g, opt_d,
-            build_scaler(s.scaler, "G.scaler"), build_scaler(s.scaler, "D.scaler"),
+            build_scaler(s.scaler, "gen.scaler"), build_scaler(s.scaler, "critic.scaler"),
             m.gp_lambda, _health_fn(s), jit=s.hardware.jit)
         self.critic_state = NetState("critic", critic_step, critic_amp.trainable_params())
         self.gen_state = NetState("gen", gen_step, gen_amp.trainable_params())
@@ -108,6 +108,9 @@ class GanTask:
 
     def states(self) -> list[NetState]:
         return [self.critic_state, self.gen_state]
+
+    def layer_health(self) -> dict[str, float]:
+        return {**self.critic_state.layer_health(), **self.gen_state.layer_health()}
 
     def _z(self, n: int) -> ms.Tensor:
         return ms.Tensor(self.rng.standard_normal((n, self.z_dim)).astype(np.float32))
@@ -165,6 +168,9 @@ class ClassifierTask:
 
     def states(self) -> list[NetState]:
         return [self.state]
+
+    def layer_health(self) -> dict[str, float]:
+        return self.state.layer_health()
 
     def train_step(self) -> dict[str, float]:
         x, y = self.batches.next()

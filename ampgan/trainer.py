@@ -27,6 +27,8 @@ def fit(task, tracker, cfg, run_dir: Path) -> dict[str, float]:
         metrics = task.train_step()
         if step % cfg.log_every == 0 or step == 1:
             tracker.log_metrics(metrics, step)
+        if cfg.grad_health and cfg.layer_health_every and (step % cfg.layer_health_every == 0 or step == 1):
+            tracker.log_metrics(task.layer_health(), step)
         nonfinite_run = 0 if all(math.isfinite(v) for k, v in metrics.items() if k.endswith("/loss")) else nonfinite_run + 1
         if step % cfg.print_every == 0 or step == cfg.max_steps:
             log.info(progress.line(step, metrics))

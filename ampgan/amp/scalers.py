@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import mindspore as ms
+import numpy as np
 from mindspore import Parameter, Tensor, ops
 
 from ampgan import AmpganError
@@ -56,6 +57,41 @@ class DynamicScalerConfig:
         _require(self.window >= 1, f"scaler.window must be >= 1, got {self.window}")
 
 
+@dataclass
+class UnderflowAwareScalerConfig(DynamicScalerConfig):
+    name: str = "underflow_aware"
+    underflow_threshold: float = 0.01  # raise early above this fraction of nonzero grads in fp16's subnormal range
+    headroom_margin: float = 8.0       # keep max|scaled g| * factor * margin below float16's max (65504)
+    history: int = 16                  # steps of max|g| history for the headroom estimate
+    min_interval: int = 2              # steps between two early raises
+    probation: int = 5                 # an overflow this soon after an early raise counts against it
+    cooldown: int = 200                # ...and pauses early raises for this many steps
+    max_scale: float = 2.0**24         # ceiling for early raises (window growth keeps dynamic's rule)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(0 < self.underflow_threshold < 1,
+                 f"scaler.underflow_threshold must lie in (0, 1), got {self.underflow_threshold}")
+        _require(self.headroom_margin >= 1, f"scaler.headroom_margin must be >= 1, got {self.headroom_margin}")
+        for key in ("history", "min_interval", "probation"):
+            _require(getattr(self, key) >= 1, f"scaler.{key} must be >= 1, got {getattr(self, key)}")
+        _require(self.cooldown >= 0, f"scaler.cooldown must be >= 0, got {self.cooldown}")
+        _require(self.max_scale >= self.init_scale,
+                 f"scaler.max_scale ({self.max_scale}) must be >= scaler.init_scale ({self.init_scale})")
+
+
+@dataclass
+class FixedClipScalerConfig:
+    name: str = "fixed_clip"
+    init_scale: float = 1024.0
+    clip_norm: float = 1.0          # clip the unscaled gradients to this global L2 norm
+    skip_nonfinite: bool = True     # false: apply the step with non-finite elements zeroed
+
+    def __post_init__(self) -> None:
+        _require(0 < self.init_scale < float("inf"), f"scaler.init_scale must be a finite number > 0, got {self.init_scale}")
+        _require(0 < self.clip_norm < float("inf"), f"scaler.clip_norm must be a finite number > 0, got {self.clip_norm}")
+
+
 # ---------------------------------------------------------------- scalers
 @ms.jit_class
 class NoOpScaler:
@@ -66,7 +102,13 @@ class NoOpScaler:
 
     def __init__(self, cfg, prefix: str):
         self.scale_value = Parameter(Tensor(getattr(cfg, "init_scale", 1.0), ms.float32), name=f"{prefix}.scale", requires_grad=False)
-        self.apply_nonfinite = Tensor(not cfg.skip_nonfinite, ms.bool_)
+        self.apply_nonfinite = Tensor(not getattr(cfg, "skip_nonfinite", True), ms.bool_)
+        self.param_weights = Tensor([1.0], ms.float32)
+
+    def watch(self, params) -> None:
+        """Told once (outside jit) which parameters' health rows it will see: sizes weigh the rows."""
+        sizes = [float(p.size) for p in params]
+        self.param_weights = Tensor([n / sum(sizes) for n in sizes], ms.float32)
 
     def scale(self, loss):
         return loss * self.scale_value.astype(loss.dtype)
@@ -104,7 +146,7 @@ class DynamicScaler(NoOpScaler):
     config = DynamicScalerConfig
 
     def __init__(self, cfg, prefix: str):
-        self.scale_value = Parameter(Tensor(cfg.init_scale, ms.float32), name=f"{prefix}.scale", requires_grad=False)
+        super().__init__(cfg, prefix)
         self.counter = Parameter(Tensor(0, ms.int32), name=f"{prefix}.counter", requires_grad=False)
         self.factor = cfg.factor
         self.window = cfg.window
@@ -121,7 +163,127 @@ class DynamicScaler(NoOpScaler):
         return finite
 
 
-SCALERS = {"none": NoOpScaler, "static": StaticScaler, "dynamic": DynamicScaler}
+FP16_MAX = 65504.0
+
+
+@ms.jit_class
+class UnderflowAwareScaler(DynamicScaler):
+    """Dynamic loss scaling that also raises the scale early when gradients underflow.
+
+    The signal is the fraction of *nonzero* gradient elements that sit in float16's subnormal
+    range (below 2**-14): exact zeros are structural (dead ReLUs, cancelling terms; 20-40%
+    of a WGAN critic's gradient in FP32 too) and say nothing about underflow. Headroom comes
+    from a short history of max|g| (as FP8 delayed scaling keeps an amax history), with a
+    margin, because intermediate tensors can overflow before parameter gradients show it.
+
+        each step, given finite and per-parameter health (zero, underflow, max_abs rows):
+            sub   = sum(w * underflow) / sum(w * (1 - zero))      # w: parameter sizes
+            if not finite:                                         # dynamic's rule
+                scale = max(1, scale / factor); counter = 0; skip the update
+                if since_early_raise < probation: cooldown = cooldown_steps
+            else:
+                amax_hist.push(max_abs / scale)                    # unscaled, so it survives rescaling
+                counter += 1
+                if counter == window:                              # dynamic's rule
+                    scale *= factor (if finite); counter = 0
+                elif (sub > threshold and cooldown == 0 and since_early_raise >= min_interval
+                      and max(amax_hist) * scale * factor * margin < 65504
+                      and scale * factor <= max_scale):
+                    scale *= factor; counter = 0; since_early_raise = 0
+            since_early_raise += 1; cooldown = max(0, cooldown - 1)
+    """
+
+    config = UnderflowAwareScalerConfig
+    needs_health = True
+
+    def __init__(self, cfg, prefix: str):
+        super().__init__(cfg, prefix)
+        self.amax_hist = Parameter(Tensor(np.zeros(cfg.history, np.float32)), name=f"{prefix}.amax_hist", requires_grad=False)
+        self.hist_pos = Parameter(Tensor(0, ms.int32), name=f"{prefix}.hist_pos", requires_grad=False)
+        self.since_raise = Parameter(Tensor(cfg.probation + cfg.min_interval, ms.int32), name=f"{prefix}.since_raise", requires_grad=False)
+        self.cooldown_left = Parameter(Tensor(0, ms.int32), name=f"{prefix}.cooldown", requires_grad=False)
+        self.early_raises = Parameter(Tensor(0, ms.int32), name=f"{prefix}.early_raises", requires_grad=False)
+        self.history = cfg.history
+        self.threshold = cfg.underflow_threshold
+        self.margin = cfg.headroom_margin
+        self.min_interval = cfg.min_interval
+        self.probation = cfg.probation
+        self.cooldown_steps = cfg.cooldown
+        self.max_scale = cfg.max_scale
+
+    def adjust(self, finite, health):
+        w = self.param_weights
+        zero, underflow, max_abs = health[:, 0], health[:, 1], health[:, 2]
+        nonzero = (w * (1.0 - zero)).sum()
+        sub = (w * underflow).sum() / ops.maximum(nonzero, 1e-12)
+        scale = self.scale_value * 1.0
+        grown = scale * self.factor
+
+        # headroom from the history, including this step when it is finite
+        slot = ops.arange(self.history, dtype=ms.int32) == self.hist_pos
+        amax_now = ops.select(finite, max_abs.max() / scale, ops.zeros((), ms.float32))
+        hist = ops.select(ops.logical_and(slot, finite), ops.broadcast_to(amax_now, (self.history,)), self.amax_hist)
+        headroom = hist.max() * grown * self.margin < FP16_MAX
+
+        at_window = self.counter == (self.window - 1)
+        window_raise = ops.logical_and(finite, ops.logical_and(at_window, ops.isfinite(grown)))
+        early = ops.logical_and(ops.logical_and(finite, ops.logical_not(at_window)), sub > self.threshold)
+        early = ops.logical_and(early, ops.logical_and(self.cooldown_left == 0, self.since_raise >= self.min_interval))
+        early = ops.logical_and(early, ops.logical_and(headroom, grown <= self.max_scale))
+        raised = ops.logical_or(window_raise, early)
+
+        shrunk = ops.maximum(ops.ones((), ms.float32), scale / self.factor)
+        new_scale = ops.select(finite, ops.select(raised, grown, scale), shrunk)
+        blamed = ops.logical_and(ops.logical_not(finite), self.since_raise < self.probation)
+        cooldown = ops.select(blamed, ops.ones((), ms.int32) * self.cooldown_steps, self.cooldown_left)
+        counter = ops.select(ops.logical_or(raised, at_window), ops.zeros((), ms.int32),
+                             (self.counter + 1) * finite.astype(ms.int32))
+
+        ops.assign(self.scale_value, new_scale)
+        ops.assign(self.counter, counter)
+        ops.assign(self.amax_hist, hist)
+        ops.assign(self.hist_pos, (self.hist_pos + finite.astype(ms.int32)) % self.history)
+        ops.assign(self.since_raise, ops.select(early, ops.ones((), ms.int32), ops.minimum(self.since_raise + 1, 1 << 30)))
+        ops.assign(self.cooldown_left, ops.maximum(cooldown - 1, ops.zeros((), ms.int32)))
+        ops.assign(self.early_raises, self.early_raises + early.astype(ms.int32))
+        return finite
+
+
+@ms.jit_class
+class FixedClipScaler(NoOpScaler):
+    """A fixed loss scale plus global-norm clipping of the unscaled gradients.
+
+        g = unscale(scaled_grads)
+        if not skip_nonfinite: g = where(isfinite(g), g, 0)    # keep the step, drop the bad elements
+        norm = ||g||_2 over all parameters
+        if norm > clip_norm: g *= clip_norm / norm              # `clipped` reported for the step
+        apply the update if finite or not skip_nonfinite
+    A good threshold clips only now and then: watch `*/clip_rate`.
+    """
+
+    config = FixedClipScalerConfig
+
+    def __init__(self, cfg, prefix: str):
+        super().__init__(cfg, prefix)
+        self.clip_norm = cfg.clip_norm
+        self.zero_nonfinite = not cfg.skip_nonfinite
+
+    def clip(self, grads, grad_norm):
+        if self.zero_nonfinite:
+            grads = tuple(ops.select(ops.isfinite(g), g, ops.zeros_like(g)) for g in grads)
+            grad_norm = ops.sqrt(ops.addn([ops.square(g).sum() for g in grads]))
+        ratio = self.clip_norm / ops.maximum(grad_norm, 1e-12)
+        factor = ops.minimum(ratio, ops.ones((), ms.float32))
+        return tuple(g * factor.astype(g.dtype) for g in grads), (ratio < 1.0).astype(ms.float32)
+
+
+SCALERS = {
+    "none": NoOpScaler,
+    "static": StaticScaler,
+    "dynamic": DynamicScaler,
+    "underflow_aware": UnderflowAwareScaler,
+    "fixed_clip": FixedClipScaler,
+}
 
 
 def build_scaler(cfg, prefix: str):

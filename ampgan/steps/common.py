@@ -52,7 +52,11 @@ class Step:
 
     fn: Callable
     loss_names: tuple[str, ...]
-    param_names: tuple[str, ...]
+    weights: tuple
+
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.weights)
 
     def __call__(self, *inputs) -> StepStatus:
         packed = self.fn(*inputs).asnumpy()
@@ -70,6 +74,7 @@ def make_step(loss_fn: Callable, weights: Sequence, optimizer, scaler, health_fn
               loss_names: Sequence[str], jit: bool = True) -> Step:
     """Wrap `loss_fn(*inputs) -> (scaled_loss, stacked_losses)` into a full train step."""
     grad_fn = ms.value_and_grad(loss_fn, None, tuple(weights), has_aux=True)
+    scaler.watch(weights)
     update = build_update(optimizer, scaler, health_fn)
 
     def step(*inputs):
@@ -77,5 +82,4 @@ def make_step(loss_fn: Callable, weights: Sequence, optimizer, scaler, health_fn
         status, health = update(scaled_grads)
         return ops.concat([losses.astype(ms.float32), status, health.reshape(-1)])
 
-    return Step(fn=ms.jit(step) if jit else step, loss_names=tuple(loss_names),
-                param_names=tuple(p.name for p in weights))
+    return Step(fn=ms.jit(step) if jit else step, loss_names=tuple(loss_names), weights=tuple(weights))
