@@ -48,8 +48,8 @@ class WganGpConfig:
     depth: int = 3             # hidden layers of the MLPs
     gp_lambda: float = 0.1     # paper: 0.1 on the toy sets, 10 on images
     n_critic: int = 5
-    lr_g: float = 1e-4
-    lr_d: float = 1e-4
+    lr_g: float = 3e-4
+    lr_d: float = 3e-4
     betas: tuple[float, float] = (0.5, 0.9)
 
     def __post_init__(self) -> None:
@@ -141,7 +141,7 @@ class HardwareConfig:
 # ---------------------------------------------------------------- trainer
 @dataclass
 class TrainerConfig:
-    max_steps: int = 2000        # optimiser steps (GAN: generator steps, each after n_critic critic steps)
+    max_steps: int = 1000        # optimiser steps (GAN: generator steps, each after n_critic critic steps)
     batch_size: int = 256
     seed: int = 0
     log_every: int = 10          # metrics to the tracker

@@ -66,6 +66,16 @@ def check(argv: list[str]) -> None:
                 raise AmpganError(_explain(err, args.config_name or "train", list(combo))) from None
             settings = validate(cfg)
             check_device(settings.hardware.device)
+            if args.multirun or cfg.get("hydra", {}).get("mode") == "MULTIRUN":
+                _create_store(settings.tracking)
+
+
+def _create_store(tracking) -> None:
+    """Parallel sweep jobs racing to create a fresh sqlite store fail: create it here, once."""
+    if tracking.backend == "mlflow" and tracking.uri.startswith("sqlite:///"):
+        from ampgan.tracking import MlflowTracker
+
+        MlflowTracker(tracking.uri, tracking.experiment)
 
 
 def _explain(err: BaseException, config_name: str, combo: list[str]) -> str:

@@ -21,15 +21,24 @@ log = logging.getLogger("ampgan")
 
 def fit(task, tracker, cfg, run_dir: Path) -> dict[str, float]:
     """Train `task` for `cfg.max_steps` steps (`cfg` is a TrainerConfig); return the final metrics."""
-    progress = Progress(cfg.max_steps)
-    nonfinite_run, outcome = 0, "completed"
-    for step in range(1, cfg.max_steps + 1):
+    last_step, outcome = run_steps(task, tracker, cfg, run_dir, range(1, cfg.max_steps + 1), Progress(cfg.max_steps))
+    return finish(task, tracker, run_dir, last_step, outcome)
+
+
+def run_steps(task, tracker, cfg, run_dir: Path, steps: range, progress: Progress) -> tuple[int, str]:
+    """The loop proper: step, log, report, evaluate, checkpoint; stop early when losses stay non-finite."""
+    nonfinite_run, step = 0, steps.start - 1
+    for step in steps:
+        started = time.perf_counter()
         metrics = task.train_step()
+        if step == 1:  # the first step compiles the graphs
+            tracker.log_metrics({"startup/first_step_s": time.perf_counter() - started}, 0)
         if step % cfg.log_every == 0 or step == 1:
             tracker.log_metrics(metrics, step)
         if cfg.grad_health and cfg.layer_health_every and (step % cfg.layer_health_every == 0 or step == 1):
             tracker.log_metrics(task.layer_health(), step)
-        nonfinite_run = 0 if all(math.isfinite(v) for k, v in metrics.items() if k.endswith("/loss")) else nonfinite_run + 1
+        finite = all(math.isfinite(v) for k, v in metrics.items() if k.endswith("/loss"))
+        nonfinite_run = 0 if finite else nonfinite_run + 1
         if step % cfg.print_every == 0 or step == cfg.max_steps:
             log.info(progress.line(step, metrics))
         if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
@@ -39,9 +48,13 @@ def fit(task, tracker, cfg, run_dir: Path) -> dict[str, float]:
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
             save_checkpoints(task, run_dir / "checkpoints")
         if nonfinite_run >= cfg.max_nonfinite_steps:
-            outcome = "diverged"
             log.warning(f"step {step}: losses non-finite for {nonfinite_run} steps in a row; stopping (diverged)")
-            break
+            return step, "diverged"
+    return step, "completed"
+
+
+def finish(task, tracker, run_dir: Path, step: int, outcome: str) -> dict[str, float]:
+    """Final evaluation, pictures and checkpoints, all handed to the tracker."""
     final = {**task.evaluate(), "train/steps": float(step), "train/diverged": float(outcome == "diverged")}
     for state in task.states():
         final[f"{state.prefix}/skipped_total"] = float(state.skipped)

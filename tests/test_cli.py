@@ -14,6 +14,10 @@ BAD = {
     "unknown data set": (["data=nope"], "data=nope"),
     "missing gpu": (["hardware=gpu"], "hardware=gpu"),
     "bad value inside a sweep": (["-m", "scaler=dynamic", "scaler.window=10,0"], "scaler.window"),
+    "zero clip norm": (["scaler=fixed_clip", "scaler.clip_norm=0"], "scaler.clip_norm"),
+    "negative clip norm": (["scaler=fixed_clip", "scaler.clip_norm=-2"], "scaler.clip_norm"),
+    "factor of one": (["scaler=underflow_aware", "scaler.factor=1"], "scaler.factor"),
+    "window of zero": (["scaler=underflow_aware", "scaler.window=0"], "scaler.window"),
 }
 
 
@@ -38,3 +42,28 @@ def test_cli_smoke_run_and_help(outputs):
     _, runs = all_runs(outputs)
     assert [r.info.status for r in runs] == ["FINISHED"]
     assert runs[0].data.tags["amp"] == "O3"
+
+
+def test_sweep_logs_one_run_per_job_with_sweep_tags(outputs):
+    proc = run_cli("-m", "scaler=fixed_clip", "scaler.clip_norm=0.5,1,2,5", "trainer=smoke", outputs=outputs)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    client, runs = all_runs(outputs)
+    assert len(runs) == 4 and {r.info.status for r in runs} == {"FINISHED"}
+    assert len({r.data.tags["sweep_id"] for r in runs}) == 1
+    assert sorted(r.data.tags["job_num"] for r in runs) == ["0", "1", "2", "3"]
+    assert sorted(float(r.data.params["scaler.clip_norm"]) for r in runs) == [0.5, 1.0, 2.0, 5.0]
+    assert all(r.data.tags["scaler"] == "fixed_clip" and "critic/clip_rate" in r.data.metrics for r in runs)
+    from ampgan.report import main as report
+
+    assert report(["--uri", f"sqlite:///{outputs / 'mlflow.db'}"]) == 0
+
+
+@pytest.mark.slow
+def test_scaler_by_amp_sweep(outputs):
+    proc = run_cli("-m", "scaler=dynamic,underflow_aware,fixed_clip", "amp=o2,o3", "trainer=smoke", outputs=outputs,
+                   timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    _, runs = all_runs(outputs)
+    combos = sorted((r.data.tags["amp"], r.data.tags["scaler"]) for r in runs)
+    assert combos == sorted((a, s) for a in ("O2", "O3") for s in ("dynamic", "underflow_aware", "fixed_clip"))
+    assert len({r.data.tags["sweep_id"] for r in runs}) == 1 and {r.info.status for r in runs} == {"FINISHED"}

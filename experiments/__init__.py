@@ -1,0 +1,1 @@
+"""Studies and benchmarks run on top of ampgan (`python -m experiments.<name>`)."""
