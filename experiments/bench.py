@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -27,15 +28,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import mindspore as ms
 from hydra import compose, initialize_config_dir
 
-from ampgan import hardware
+from ampgan import hardware  # first: it quiets MindSpore's C++ logging before MindSpore loads
 from ampgan.config import CONF_DIR, outputs_dir, validate
 from ampgan.data import build_dataset
 from ampgan.tasks import build_task
 from ampgan.tracking import MlflowTracker, build_tracker
-from ampgan.trainer import Progress, run_steps
+from ampgan.trainer import Progress, run_steps, tracked_run
 from experiments.bare_loop import BareWganGp
 
 GAN = ["model=wgan_gp", "data=gaussians8", "trainer.eval_every=0", "trainer.checkpoint_every=0",
@@ -186,6 +186,11 @@ def startup(store_dir: Path, device: str, repeats: int) -> list[dict]:
     return rows
 
 
+def _metric_name(text: str) -> str:
+    """MLflow metric names: letters, digits, _ - . / only (spaces turned into _)."""
+    return re.sub(r"[^A-Za-z0-9_\-./]", "", text.replace(" ", "_"))
+
+
 def markdown(rows: list[dict], start: list[dict], meta: dict) -> str:
     lines = [f"# ampgan benchmark ({meta['device']}, {meta['cpus']} cores, MindSpore {meta['mindspore']}, {meta['date']})", "",
              "Per-iteration time (WGAN-GP: n_critic critic steps + 1 generator step; classifier: 1 step),"
@@ -231,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         rows += comp.rows()
     print(f"[{time.perf_counter() - started:5.0f}s] start-up", flush=True)
     start = startup(scratch, args.device, 2 if args.quick else 3)
+    import mindspore as ms
+
     meta = {"device": args.device, "cpus": os.cpu_count(), "mindspore": ms.__version__,
             "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M"), "repeats": repeats,
             "seconds": time.perf_counter() - started}
@@ -239,18 +246,17 @@ def main(argv: list[str] | None = None) -> int:
     (out / "bench.md").write_text(report)
     print(report)
 
-    tracker = MlflowTracker(f"sqlite:///{outputs_dir() / 'mlflow.db'}", "ampgan-bench")
-    tracker.start(f"bench-{args.device.lower()}", meta, {"device": args.device})
     figures = {}
     for r in rows:
-        key = f"{r['comparison'].split(' (')[0]}/{r['variant']}".replace(" ", "_").replace(":", "")
+        key = _metric_name(f"{r['comparison'].split(' (')[0]}/{r['variant']}")
         figures[f"{key}/ms"] = r["ms_per_iteration"]
         figures[f"{key}/ratio"] = r["ratio"]
-    figures.update({f"startup/{r['phase'].replace(' ', '_')}_s": r["seconds"] for r in start})
-    tracker.log_metrics(figures, 0)
-    tracker.log_artifact(out / "bench.md")
-    tracker.log_artifact(out / "bench.json")
-    tracker.finish("FINISHED")
+    figures.update({f"startup/{_metric_name(r['phase'].split(' (')[0])}_s": r["seconds"] for r in start})
+    tracker = MlflowTracker(f"sqlite:///{outputs_dir() / 'mlflow.db'}", "ampgan-bench")
+    with tracked_run(tracker, f"bench-{args.device.lower()}", meta, {"device": args.device}):
+        tracker.log_metrics(figures, 0)
+        tracker.log_artifact(out / "bench.md")
+        tracker.log_artifact(out / "bench.json")
     missed = [r for r in rows if r.get("met") is False]
     print(f"done in {meta['seconds']:.0f}s; {len(missed)} target(s) missed; written to {out}")
     return 0
