@@ -8,7 +8,6 @@ merges every group into its dataclass (type errors) and builds the objects, whos
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import subprocess
 import sys
@@ -133,10 +132,6 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
             out.update(flatten(v, f"{prefix}{k}."))
         return out
     return {prefix[:-1]: d}
-
-
-def finite_or_none(x: float) -> float | None:
-    return x if math.isfinite(x) else None
 
 
 def _ui(argv: list[str]) -> int:

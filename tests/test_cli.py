@@ -67,3 +67,38 @@ def test_scaler_by_amp_sweep(outputs):
     combos = sorted((r.data.tags["amp"], r.data.tags["scaler"]) for r in runs)
     assert combos == sorted((a, s) for a in ("O2", "O3") for s in ("dynamic", "underflow_aware", "fixed_clip"))
     assert len({r.data.tags["sweep_id"] for r in runs}) == 1 and {r.info.status for r in runs} == {"FINISHED"}
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_signal_ends_the_run_killed_with_metrics_kept(outputs, sig):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+
+    env = {**os.environ, "AMPGAN_OUTPUTS": str(outputs), "GLOG_v": "3"}
+    proc = subprocess.Popen([sys.executable, "-m", "ampgan.train", "model=classifier", "data=digits",
+                             "trainer.max_steps=100000", "trainer.log_every=1", "tracking.flush_every=5"],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            time.sleep(1)
+            if (outputs / "mlflow.db").exists():
+                _, runs = all_runs(outputs)
+                if runs and any(k == "train/loss" for k in runs[0].data.metrics):
+                    break
+        else:
+            pytest.fail("the run never started logging")
+        proc.send_signal(getattr(signal, sig))
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0
+    client, runs = all_runs(outputs)
+    assert [r.info.status for r in runs] == ["KILLED"]
+    assert "interrupted" in runs[0].data.tags["error"]
+    assert len(client.get_metric_history(runs[0].info.run_id, "train/loss")) >= 5

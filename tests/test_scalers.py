@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import itertools
 
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import amp, ops
+from mindspore import amp
 
 from ampgan.amp.scalers import DynamicScalerConfig, NoneScalerConfig, StaticScalerConfig, build_scaler
 
