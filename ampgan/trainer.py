@@ -47,6 +47,7 @@ def run_steps(task, tracker, cfg, run_dir: Path, steps: range, progress: Progres
             log.info(f"eval at step {step}: " + "  ".join(f"{k} {v:.4g}" for k, v in evaluation.items()))
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
             save_checkpoints(task, run_dir / "checkpoints")
+        STOP.check()
         if nonfinite_run >= cfg.max_nonfinite_steps:
             log.warning(f"step {step}: losses non-finite for {nonfinite_run} steps in a row; stopping (diverged)")
             return step, "diverged"
@@ -96,31 +97,60 @@ class Progress:
         return " | ".join(parts)
 
 
+class StopRequest:
+    """Ctrl-C / SIGTERM during a run: the loop stops at the next step boundary.
+
+    Raising KeyboardInterrupt from the signal handler itself could cut a tracker write (an
+    sqlite transaction) in half; instead the first signal sets a flag the loop checks after
+    each step. A second signal interrupts at once.
+    """
+
+    def __init__(self):
+        self.requested: str | None = None
+        self._previous: dict = {}
+
+    def install(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread (a sweep worker thread): leave signals alone
+                return
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+        self.requested = None
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt(self.requested)
+        self.requested = signal.Signals(signum).name
+        log.warning(f"{self.requested}: stopping after this step (send it again to stop at once)")
+
+    def check(self) -> None:
+        if self.requested:
+            raise KeyboardInterrupt(self.requested)
+
+
+STOP = StopRequest()
+
+
 @contextmanager
 def tracked_run(tracker, run_name: str, params: dict, tags: dict):
-    """Start a run; end it FINISHED, KILLED (KeyboardInterrupt, SIGTERM) or FAILED (error recorded)."""
-    previous = _sigterm_as_interrupt()
-    tracker.start(run_name, params, tags)
+    """Start a run; end it FINISHED, KILLED (Ctrl-C, SIGTERM) or FAILED (error recorded)."""
+    STOP.install()
     try:
-        yield tracker
-    except KeyboardInterrupt:
-        tracker.finish("KILLED", "interrupted (Ctrl-C or SIGTERM)")
-        raise
-    except BaseException as err:
-        tracker.finish("FAILED", f"{type(err).__name__}: {err}")
-        raise
-    else:
-        tracker.finish("FINISHED")
+        tracker.start(run_name, params, tags)
+        try:
+            yield tracker
+        except KeyboardInterrupt as err:
+            tracker.finish("KILLED", f"interrupted ({err or 'Ctrl-C'})")
+            raise
+        except BaseException as err:
+            tracker.finish("FAILED", f"{type(err).__name__}: {err}")
+            raise
+        else:
+            tracker.finish("FINISHED")
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-
-
-def _sigterm_as_interrupt():
-    def handler(signum, frame):
-        raise KeyboardInterrupt("SIGTERM")
-
-    try:
-        return signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread (e.g. a sweep worker thread): leave signals alone
-        return None
+        STOP.restore()
