@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-REAL = (150, 150, 150)
-FAKE = (230, 110, 20)
+REAL = (40, 40, 40)
+FAKE = (240, 140, 60)
 
 
 def scatter(real: np.ndarray, fake: np.ndarray, path: Path, size: int = 480, title: str = "") -> Path:
-    """Real points in grey, generated points in orange, on a shared square extent."""
+    """Generated points in orange, real points drawn over them in dark grey, on a shared square extent."""
     both = np.concatenate([real, fake[np.isfinite(fake).all(axis=1)]])
     lo, hi = np.percentile(both, 0.5, axis=0).min(), np.percentile(both, 99.5, axis=0).max()
     lo, hi = min(lo, real.min()) - 0.1, max(hi, real.max()) + 0.1
@@ -22,10 +22,10 @@ def scatter(real: np.ndarray, fake: np.ndarray, path: Path, size: int = 480, tit
     def to_px(p: np.ndarray) -> np.ndarray:
         return (p - lo) / (hi - lo) * (size - 20) + 10
 
-    for pts, colour in ((real, REAL), (fake, FAKE)):
+    for pts, colour, r in ((fake, FAKE, 1.5), (real, REAL, 0.8)):
         for x, y in to_px(pts[np.isfinite(pts).all(axis=1)]):
-            draw.ellipse((x - 1.5, size - y - 1.5, x + 1.5, size - y + 1.5), fill=colour)
-    draw.text((8, 6), title or "grey: real, orange: generated", fill=(0, 0, 0))
+            draw.ellipse((x - r, size - y - r, x + r, size - y + r), fill=colour)
+    draw.text((8, 6), title or "dark: real, orange: generated", fill=(0, 0, 0))
     img.save(path)
     return Path(path)
 
