@@ -1,8 +1,9 @@
 """Build stage: turn validated settings into a task the trainer loop can drive.
 
-A task owns its nets, optimizers, scalers and compiled steps, and offers the loop four
-things: `train_step()` -> flat metrics, `evaluate()` -> metrics, `save_pictures(dir)`
-and `cells()` for checkpoints. `GanTask` and `ClassifierTask` share everything below
+A task owns its nets, optimizers, scalers and compiled steps, and offers the loop:
+`train_step()` (launches the steps, does not wait), `metrics()` (fetches the pending step
+statuses, returns flat metrics), `layer_health()`, `nonfinite_run()`, `evaluate()`,
+`save_pictures(dir)` and `cells()` for checkpoints. `GanTask` and `ClassifierTask` share everything below
 that through `ampgan.steps.common`.
 """
 
@@ -23,23 +24,37 @@ from ampgan.data import Batches, Dataset
 from ampgan.metrics import confusion_matrix, mode_coverage, sliced_wasserstein, softmax_cross_entropy
 from ampgan.models import Classifier, Critic, Generator
 from ampgan.steps.classifier import build_classifier_step
-from ampgan.steps.common import Step, StepStatus
+from ampgan.steps.common import Step
 from ampgan.steps.gan import build_gan_steps
 
 
 class NetState:
-    """Host-side bookkeeping for one optimised net: its step, cumulative skips, metric names."""
+    """Host-side bookkeeping for one optimised net: pending step statuses, cumulative counts.
+
+    Steps are launched without waiting (`push`); `drain` fetches what is pending in one go,
+    so the host does not stall MindSpore after every step, only at the logging cadence.
+    """
 
     def __init__(self, prefix: str, step: Step, params: list):
         self.prefix, self.step = prefix, step
         self.sizes = np.array([p.size for p in params], dtype=np.float64)
-        self.skipped = 0
-        self.clipped = 0
-        self.steps = 0
+        self.pending: list = []
+        self.skipped = self.clipped = self.steps = 0
+        self.nonfinite_run = 0          # consecutive steps whose loss was not finite
         self.last_health: np.ndarray | None = None
 
-    def record(self, statuses: list[StepStatus]) -> dict[str, float]:
-        """Metrics of one or more consecutive steps of this net (losses averaged, state from the last)."""
+    def push(self, packed_status) -> None:
+        self.pending.append(packed_status)
+
+    def drain(self) -> dict[str, float]:
+        """Metrics of the steps since the last drain (losses averaged; scale, health from the last)."""
+        if not self.pending:
+            return {}
+        statuses = [self.step.decode(t.asnumpy()) for t in self.pending]
+        self.pending.clear()
+        for s in statuses:
+            finite_loss = all(np.isfinite(v) for v in s.losses.values())
+            self.nonfinite_run = 0 if finite_loss else self.nonfinite_run + 1
         last = statuses[-1]
         self.steps += len(statuses)
         self.skipped += sum(not s.applied for s in statuses)
@@ -69,11 +84,28 @@ class NetState:
                 for field, v in zip(HEALTH_FIELDS, row)}
 
 
+class TaskBase:
+    """What the loop asks of every task beyond its own step: drained metrics, health, divergence."""
+
+    def states(self) -> list[NetState]:
+        raise NotImplementedError
+
+    def metrics(self) -> dict[str, float]:
+        """Fetch the statuses of the steps since the last call; their metrics."""
+        return {k: v for state in self.states() for k, v in state.drain().items()}
+
+    def layer_health(self) -> dict[str, float]:
+        return {k: v for state in self.states() for k, v in state.layer_health().items()}
+
+    def nonfinite_run(self) -> int:
+        return max(state.nonfinite_run for state in self.states())
+
+
 def _health_fn(s: Settings):
     return grad_health if s.trainer.grad_health else no_health
 
 
-class GanTask:
+class GanTask(TaskBase):
     objective = "eval/swd"
     direction = "minimize"
 
@@ -109,20 +141,15 @@ class GanTask:
     def states(self) -> list[NetState]:
         return [self.critic_state, self.gen_state]
 
-    def layer_health(self) -> dict[str, float]:
-        return {**self.critic_state.layer_health(), **self.gen_state.layer_health()}
-
     def _z(self, n: int) -> ms.Tensor:
         return ms.Tensor(self.rng.standard_normal((n, self.z_dim)).astype(np.float32))
 
-    def train_step(self) -> dict[str, float]:
-        critic = []
+    def train_step(self) -> None:
         for _ in range(self.n_critic):
             real, _ = self.batches.next()
             alpha = self.rng.uniform(size=self.alpha_shape).astype(np.float32)
-            critic.append(self.critic_state.step(ms.Tensor(real), self._z(self.batch_size), ms.Tensor(alpha)))
-        gen = self.gen_state.step(self._z(self.batch_size))
-        return {**self.critic_state.record(critic), **self.gen_state.record([gen])}
+            self.critic_state.push(self.critic_state.step.launch(ms.Tensor(real), self._z(self.batch_size), ms.Tensor(alpha)))
+        self.gen_state.push(self.gen_state.step.launch(self._z(self.batch_size)))
 
     def generate(self, n: int, seed: int) -> np.ndarray:
         rng = np.random.default_rng(seed)
@@ -151,7 +178,7 @@ class GanTask:
         return {"generator": self.gen, "critic": self.critic}
 
 
-class ClassifierTask:
+class ClassifierTask(TaskBase):
     objective = "eval/accuracy"
     direction = "maximize"
 
@@ -169,12 +196,9 @@ class ClassifierTask:
     def states(self) -> list[NetState]:
         return [self.state]
 
-    def layer_health(self) -> dict[str, float]:
-        return self.state.layer_health()
-
-    def train_step(self) -> dict[str, float]:
+    def train_step(self) -> None:
         x, y = self.batches.next()
-        return self.state.record([self.state.step(ms.Tensor(x), ms.Tensor(y))])
+        self.state.push(self.state.step.launch(ms.Tensor(x), ms.Tensor(y)))
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         self.net_amp.set_train(False)

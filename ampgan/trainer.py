@@ -7,7 +7,6 @@ The run's lifecycle is here too: whatever happens, the tracked run ends FINISHED
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import time
@@ -26,21 +25,31 @@ def fit(task, tracker, cfg, run_dir: Path) -> dict[str, float]:
 
 
 def run_steps(task, tracker, cfg, run_dir: Path, steps: range, progress: Progress) -> tuple[int, str]:
-    """The loop proper: step, log, report, evaluate, checkpoint; stop early when losses stay non-finite."""
-    nonfinite_run, step = 0, steps.start - 1
+    """The loop proper: step, log, report, evaluate, checkpoint; stop early when losses stay non-finite.
+
+    Steps run ahead of the host: statuses are fetched at the logging / printing cadence, so
+    divergence is noticed at that cadence too.
+    """
+    step = steps.start - 1
     for step in steps:
         started = time.perf_counter()
-        metrics = task.train_step()
-        if step == 1:  # the first step compiles the graphs
-            tracker.log_metrics({"startup/first_step_s": time.perf_counter() - started}, 0)
-        if step % cfg.log_every == 0 or step == 1:
-            tracker.log_metrics(metrics, step)
-        if cfg.grad_health and cfg.layer_health_every and (step % cfg.layer_health_every == 0 or step == 1):
-            tracker.log_metrics(task.layer_health(), step)
-        finite = all(math.isfinite(v) for k, v in metrics.items() if k.endswith("/loss"))
-        nonfinite_run = 0 if finite else nonfinite_run + 1
-        if step % cfg.print_every == 0 or step == cfg.max_steps:
-            log.info(progress.line(step, metrics))
+        task.train_step()  # launched; its status is fetched only when metrics are needed
+        log_now = step % cfg.log_every == 0 or step == 1
+        print_now = step % cfg.print_every == 0 or step == cfg.max_steps
+        layers_now = cfg.grad_health and cfg.layer_health_every and (step % cfg.layer_health_every == 0 or step == 1)
+        if log_now or print_now or layers_now:
+            metrics = task.metrics()
+            if step == 1:  # the first step compiles the graphs
+                tracker.log_metrics({"startup/first_step_s": time.perf_counter() - started}, 0)
+            if log_now:
+                tracker.log_metrics(metrics, step)
+            if layers_now:
+                tracker.log_metrics(task.layer_health(), step)
+            if print_now:
+                log.info(progress.line(step, metrics))
+            if task.nonfinite_run() >= cfg.max_nonfinite_steps:
+                log.warning(f"step {step}: losses non-finite for {task.nonfinite_run()} steps in a row; stopping (diverged)")
+                return step, "diverged"
         if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
             evaluation = task.evaluate()
             tracker.log_metrics(evaluation, step)
@@ -48,9 +57,7 @@ def run_steps(task, tracker, cfg, run_dir: Path, steps: range, progress: Progres
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
             save_checkpoints(task, run_dir / "checkpoints")
         STOP.check()
-        if nonfinite_run >= cfg.max_nonfinite_steps:
-            log.warning(f"step {step}: losses non-finite for {nonfinite_run} steps in a row; stopping (diverged)")
-            return step, "diverged"
+    task.metrics()  # settle the counts of the last steps
     return step, "completed"
 
 

@@ -58,8 +58,15 @@ class Step:
     def param_names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.weights)
 
+    def launch(self, *inputs) -> ms.Tensor:
+        """Run the step; return its packed status without waiting for it (MindSpore runs ahead)."""
+        return self.fn(*inputs)
+
     def __call__(self, *inputs) -> StepStatus:
-        packed = self.fn(*inputs).asnumpy()
+        """Run the step and wait for its decoded status."""
+        return self.decode(self.fn(*inputs).asnumpy())
+
+    def decode(self, packed: np.ndarray) -> StepStatus:
         n_loss, n_stat = len(self.loss_names), len(STATUS_FIELDS)
         stat = packed[n_loss : n_loss + n_stat]
         return StepStatus(
