@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,7 +91,7 @@ class BareRunner:
 @dataclass
 class Comparison:
     name: str
-    variants: dict[str, object]            # label -> runner
+    variants: dict[str, Callable]          # label -> runner factory (built when measured)
     baseline: str
     iterations: int
     target: float | None = None            # max ratio over the baseline, where there is one
@@ -99,15 +100,16 @@ class Comparison:
 
     def measure(self, repeats: int) -> None:
         repeats = max(3, round(repeats * self.rounds))
-        for runner in self.variants.values():
+        runners = {label: make() for label, make in self.variants.items()}
+        for runner in runners.values():
             runner.run(2)  # compile and warm up
-        self.times = {label: [] for label in self.variants}
+        self.times = {label: [] for label in runners}
         for _ in range(repeats):
-            for label, runner in self.variants.items():
+            for label, runner in runners.items():
                 t = time.perf_counter()
                 runner.run(self.iterations)
                 self.times[label].append((time.perf_counter() - t) / self.iterations)
-        for runner in self.variants.values():
+        for runner in runners.values():
             runner.close()
 
     def rows(self) -> list[dict]:
@@ -126,7 +128,14 @@ class Comparison:
         return out
 
 
-def comparisons(store: str, device: str, quick: bool) -> list[Comparison]:
+def comparisons(store: str, device: str, quick: bool, only: str = ""):
+    """Each comparison whose name contains `only`; its variants are built when it is measured."""
+    for comp in _comparisons(store, device, quick):
+        if only.lower() in comp.name.lower():
+            yield comp
+
+
+def _comparisons(store: str, device: str, quick: bool):
     it = 4 if quick else 8
     o2 = GAN + ["amp=o2", "scaler=dynamic"]
     bare_like = o2 + ["trainer.grad_health=false", "tracking=none"]
@@ -135,32 +144,32 @@ def comparisons(store: str, device: str, quick: bool) -> list[Comparison]:
         return AmpganRunner(extra, store, device)
 
     yield Comparison("ampgan vs bare MindSpore (WGAN-GP O2 dynamic, health off, no tracking)",
-                     {"bare": BareRunner(o2, device), "ampgan": amp(bare_like)}, "bare", it, target=1.05, rounds=2)
+                     {"bare": lambda: BareRunner(o2, device), "ampgan": lambda: amp(bare_like)}, "bare", it, target=1.05, rounds=2)
     yield Comparison("gradient health (WGAN-GP O2 dynamic, no tracking)",
-                     {"off": amp(bare_like), "on": amp(o2 + ["tracking=none"])}, "off", it, target=1.10, rounds=2)
+                     {"off": lambda: amp(bare_like), "on": lambda: amp(o2 + ["tracking=none"])}, "off", it, target=1.10, rounds=2)
     yield Comparison("tracking to MLflow at the default cadence (WGAN-GP O2 dynamic)",
-                     {"none": amp(o2 + ["tracking=none"]), "mlflow": amp(o2)}, "none", it, target=1.03, rounds=2)
+                     {"none": lambda: amp(o2 + ["tracking=none"]), "mlflow": lambda: amp(o2)}, "none", it, target=1.03, rounds=2)
     yield Comparison("loss-scale strategy (WGAN-GP O2, no tracking)",
-                     {name: amp(GAN + ["amp=o2", f"scaler={name}", "tracking=none"])
+                     {name: (lambda n=name: amp(GAN + ["amp=o2", f"scaler={n}", "tracking=none"]))
                       for name in ("none", "static", "dynamic", "underflow_aware", "fixed_clip")}, "none", it)
     yield Comparison("AMP level (WGAN-GP, dynamic scaler, no tracking)",
-                     {lvl: amp(GAN + [f"amp={lvl}", "scaler=dynamic", "tracking=none"]) for lvl in ("o0", "o2", "o3")},
+                     {lvl: (lambda v=lvl: amp(GAN + [f"amp={v}", "scaler=dynamic", "tracking=none"])) for lvl in ("o0", "o2", "o3")},
                      "o0", it)
     yield Comparison("jit vs PYNATIVE (classifier on digits, O0; WGAN-GP refuses PYNATIVE)",
-                     {"jit": amp(CLASSIFIER + ["tracking=none"]),
-                      "pynative": amp(CLASSIFIER + ["tracking=none", "hardware.jit=false"])}, "jit", 4 * it)
+                     {"jit": lambda: amp(CLASSIFIER + ["tracking=none"]),
+                      "pynative": lambda: amp(CLASSIFIER + ["tracking=none", "hardware.jit=false"])}, "jit", 4 * it)
     scale_it = max(2, it // 2)
     for batch in (64, 128, 256, 512):
         extra = GAN + ["amp=o0", "scaler=dynamic", f"trainer.batch_size={batch}"]
         yield Comparison(f"scaling: batch size {batch} (WGAN-GP O0 dynamic)",
-                         {"bare": BareRunner(extra, device),
-                          "ampgan": amp(extra + ["trainer.grad_health=false", "tracking=none"])}, "bare", scale_it,
+                         {"bare": lambda e=extra: BareRunner(e, device),
+                          "ampgan": lambda e=extra: amp(e + ["trainer.grad_health=false", "tracking=none"])}, "bare", scale_it,
                          rounds=0.6)
     for width in (64, 128, 256, 512):
         extra = GAN + ["amp=o0", "scaler=dynamic", f"model.hidden={width}"]
         yield Comparison(f"scaling: model width {width} (WGAN-GP O0 dynamic)",
-                         {"bare": BareRunner(extra, device),
-                          "ampgan": amp(extra + ["trainer.grad_health=false", "tracking=none"])}, "bare", scale_it,
+                         {"bare": lambda e=extra: BareRunner(e, device),
+                          "ampgan": lambda e=extra: amp(e + ["trainer.grad_health=false", "tracking=none"])}, "bare", scale_it,
                          rounds=0.6)
 
 
@@ -219,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="CPU", choices=["CPU", "GPU", "Ascend"])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="3 repeats, half-size blocks")
+    parser.add_argument("--only", default="", help="run only the comparisons whose name contains this text")
+    parser.add_argument("--no-startup", action="store_true", help="skip the start-up measurement")
     args = parser.parse_args(argv)
     repeats = 3 if args.quick else args.repeats
     try:
@@ -234,12 +245,14 @@ def main(argv: list[str] | None = None) -> int:
     os.chdir(scratch)  # MindSpore's scratch files
     started = time.perf_counter()
     rows = []
-    for comp in comparisons(store, args.device, args.quick):
+    for comp in comparisons(store, args.device, args.quick, args.only):
         print(f"[{time.perf_counter() - started:5.0f}s] {comp.name}: {', '.join(comp.variants)}", flush=True)
         comp.measure(repeats)
         rows += comp.rows()
-    print(f"[{time.perf_counter() - started:5.0f}s] start-up", flush=True)
-    start = startup(scratch, args.device, 2 if args.quick else 3)
+    start = []
+    if not args.no_startup:
+        print(f"[{time.perf_counter() - started:5.0f}s] start-up", flush=True)
+        start = startup(scratch, args.device, 2 if args.quick else 3)
     import mindspore as ms
 
     meta = {"device": args.device, "cpus": os.cpu_count(), "mindspore": ms.__version__,

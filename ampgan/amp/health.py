@@ -35,5 +35,10 @@ def no_health(grads: tuple) -> ms.Tensor:
     return ops.zeros((len(grads), len(HEALTH_FIELDS)), ms.float32)
 
 
+def no_norm(grads: tuple) -> ms.Tensor:
+    """`trainer.grad_health=false` and a scaler that does not clip: the norm is not computed."""
+    return ops.zeros((), ms.float32)
+
+
 def global_norm(grads: tuple) -> ms.Tensor:
     return ops.sqrt(ops.addn([ops.square(g.astype(ms.float32)).sum() for g in grads]))

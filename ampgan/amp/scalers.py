@@ -99,6 +99,7 @@ class NoOpScaler:
 
     config = NoneScalerConfig
     needs_health = False
+    needs_norm = False  # True: clip() reads the global gradient norm
 
     def __init__(self, cfg, prefix: str):
         self.scale_value = Parameter(Tensor(getattr(cfg, "init_scale", 1.0), ms.float32), name=f"{prefix}.scale", requires_grad=False)
@@ -262,6 +263,7 @@ class FixedClipScaler(NoOpScaler):
     """
 
     config = FixedClipScalerConfig
+    needs_norm = True
 
     def __init__(self, cfg, prefix: str):
         super().__init__(cfg, prefix)

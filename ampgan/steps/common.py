@@ -9,20 +9,24 @@ import mindspore as ms
 import numpy as np
 from mindspore import amp, ops
 
-from ampgan.amp.health import HEALTH_FIELDS, global_norm
+from ampgan.amp.health import HEALTH_FIELDS, global_norm, no_health, no_norm
 
 STATUS_FIELDS = ("finite", "applied", "scale", "grad_norm", "clipped")
 
 
-def build_update(optimizer, scaler, health_fn: Callable) -> Callable:
-    """Return `update(scaled_grads) -> (status, health)` for use inside a compiled step."""
+def build_update(optimizer, scaler, health_fn: Callable, norm_fn: Callable = global_norm) -> Callable:
+    """Return `update(scaled_grads) -> (status, health)` for use inside a compiled step.
+
+    `health_fn`/`norm_fn` are chosen outside the graph: with gradient health off (and a
+    scaler that does not clip) neither statistic is computed at all.
+    """
 
     def update(scaled_grads):
         health = health_fn(scaled_grads)
         scale_used = scaler.scale_value * 1.0
         grads = scaler.unscale(scaled_grads)
         finite = amp.all_finite(grads)
-        norm = global_norm(grads)
+        norm = norm_fn(grads)
         grads, clipped = scaler.clip(grads, norm)
         apply = scaler.adjust(finite, health)
         if apply:
@@ -82,7 +86,8 @@ def make_step(loss_fn: Callable, weights: Sequence, optimizer, scaler, health_fn
     """Wrap `loss_fn(*inputs) -> (scaled_loss, stacked_losses)` into a full train step."""
     grad_fn = ms.value_and_grad(loss_fn, None, tuple(weights), has_aux=True)
     scaler.watch(weights)
-    update = build_update(optimizer, scaler, health_fn)
+    norm_fn = no_norm if health_fn is no_health and not scaler.needs_norm else global_norm
+    update = build_update(optimizer, scaler, health_fn, norm_fn)
 
     def step(*inputs):
         (_, losses), scaled_grads = grad_fn(*inputs)
