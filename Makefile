@@ -31,7 +31,7 @@ bench: install  ## benchmark ampgan against a bare MindSpore loop (outputs/bench
 	$(PY) -m experiments.bench $(ARGS)
 
 PORT ?= 5000
-ui: install  ## open the MLflow dashboard on 127.0.0.1:$(PORT) over outputs/mlflow.db
+ui: install  ## open the MLflow dashboard on 127.0.0.1 (PORT=5000) over outputs/mlflow.db
 	$(PY) -m ampgan.tracking ui --port $(PORT)
 
 lock:  ## re-pin requirements.lock from the current .venv
