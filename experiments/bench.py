@@ -159,18 +159,13 @@ def _comparisons(store: str, device: str, quick: bool):
                      {"jit": lambda: amp(CLASSIFIER + ["tracking=none"]),
                       "pynative": lambda: amp(CLASSIFIER + ["tracking=none", "hardware.jit=false"])}, "jit", 4 * it)
     scale_it = max(2, it // 2)
-    for batch in (64, 128, 256, 512):
-        extra = GAN + ["amp=o0", "scaler=dynamic", f"trainer.batch_size={batch}"]
-        yield Comparison(f"scaling: batch size {batch} (WGAN-GP O0 dynamic)",
-                         {"bare": lambda e=extra: BareRunner(e, device),
-                          "ampgan": lambda e=extra: amp(e + ["trainer.grad_health=false", "tracking=none"])}, "bare", scale_it,
-                         rounds=0.6)
-    for width in (64, 128, 256, 512):
-        extra = GAN + ["amp=o0", "scaler=dynamic", f"model.hidden={width}"]
-        yield Comparison(f"scaling: model width {width} (WGAN-GP O0 dynamic)",
-                         {"bare": lambda e=extra: BareRunner(e, device),
-                          "ampgan": lambda e=extra: amp(e + ["trainer.grad_health=false", "tracking=none"])}, "bare", scale_it,
-                         rounds=0.6)
+    for label, key in (("batch size", "trainer.batch_size"), ("model width", "model.hidden")):
+        for value in (64, 128, 256, 512):
+            extra = GAN + ["amp=o0", "scaler=dynamic", f"{key}={value}"]
+            yield Comparison(f"scaling: {label} {value} (WGAN-GP O0 dynamic)",
+                             {"bare": lambda e=extra: BareRunner(e, device),
+                              "ampgan": lambda e=extra: amp(e + ["trainer.grad_health=false", "tracking=none"])},
+                             "bare", scale_it, rounds=0.6)
 
 
 def startup(store_dir: Path, device: str, repeats: int) -> list[dict]:
