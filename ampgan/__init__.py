@@ -10,3 +10,9 @@ __version__ = "0.1.0"
 
 class AmpganError(Exception):
     """A user-facing error: bad config, missing hardware. Printed as one line, exit code 2."""
+
+
+def require(ok: bool, message: str) -> None:
+    """Raise AmpganError(message) unless `ok`: the one way config schemas reject a value."""
+    if not ok:
+        raise AmpganError(message)

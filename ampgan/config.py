@@ -16,7 +16,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ampgan import AmpganError
+from ampgan import AmpganError, require
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 CONF_DIR = PACKAGE_DIR.parent / "conf"
@@ -29,11 +29,6 @@ def outputs_dir() -> Path:
 
 if not OmegaConf.has_resolver("ampgan_outputs"):
     OmegaConf.register_new_resolver("ampgan_outputs", lambda: str(outputs_dir()))
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise AmpganError(message)
 
 
 # ---------------------------------------------------------------- model
@@ -52,11 +47,11 @@ class WganGpConfig:
     betas: tuple[float, float] = (0.5, 0.9)
 
     def __post_init__(self) -> None:
-        _require(self.z_dim >= 1, f"model.z_dim must be >= 1, got {self.z_dim}")
-        _require(self.hidden >= 1, f"model.hidden must be >= 1, got {self.hidden}")
-        _require(self.depth >= 1, f"model.depth must be >= 1, got {self.depth}")
-        _require(self.gp_lambda >= 0, f"model.gp_lambda must be >= 0, got {self.gp_lambda}")
-        _require(self.n_critic >= 1, f"model.n_critic must be >= 1, got {self.n_critic}")
+        require(self.z_dim >= 1, f"model.z_dim must be >= 1, got {self.z_dim}")
+        require(self.hidden >= 1, f"model.hidden must be >= 1, got {self.hidden}")
+        require(self.depth >= 1, f"model.depth must be >= 1, got {self.depth}")
+        require(self.gp_lambda >= 0, f"model.gp_lambda must be >= 0, got {self.gp_lambda}")
+        require(self.n_critic >= 1, f"model.n_critic must be >= 1, got {self.n_critic}")
         _check_adam("model", min(self.lr_g, self.lr_d), self.betas)
 
 
@@ -70,13 +65,13 @@ class ClassifierConfig:
     betas: tuple[float, float] = (0.9, 0.999)
 
     def __post_init__(self) -> None:
-        _require(self.width >= 1, f"model.width must be >= 1, got {self.width}")
+        require(self.width >= 1, f"model.width must be >= 1, got {self.width}")
         _check_adam("model", self.lr, self.betas)
 
 
 def _check_adam(group: str, lr: float, betas: tuple[float, float]) -> None:
-    _require(lr > 0, f"{group}: learning rates must be > 0, got {lr}")
-    _require(all(0.0 <= b < 1.0 for b in betas), f"{group}.betas must lie in [0, 1), got {list(betas)}")
+    require(lr > 0, f"{group}: learning rates must be > 0, got {lr}")
+    require(all(0.0 <= b < 1.0 for b in betas), f"{group}.betas must lie in [0, 1), got {list(betas)}")
 
 
 # ---------------------------------------------------------------- data
@@ -94,11 +89,11 @@ class DataConfig:
     def __post_init__(self) -> None:
         from ampgan.data import DATASETS
 
-        _require(self.name in DATASETS, f"unknown data set '{self.name}' (known: {', '.join(sorted(DATASETS))})")
-        _require(self.n_train >= 16, f"data.n_train must be >= 16, got {self.n_train}")
-        _require(0 < self.test_fraction < 1, f"data.test_fraction must lie in (0, 1), got {self.test_fraction}")
-        _require(self.noise >= 0, f"data.noise must be >= 0, got {self.noise}")
-        _require(self.image_size in (8, 16), f"data.image_size must be 8 or 16, got {self.image_size}")
+        require(self.name in DATASETS, f"unknown data set '{self.name}' (known: {', '.join(sorted(DATASETS))})")
+        require(self.n_train >= 16, f"data.n_train must be >= 16, got {self.n_train}")
+        require(0 < self.test_fraction < 1, f"data.test_fraction must lie in (0, 1), got {self.test_fraction}")
+        require(self.noise >= 0, f"data.noise must be >= 0, got {self.noise}")
+        require(self.image_size in (8, 16), f"data.image_size must be 8 or 16, got {self.image_size}")
 
 
 # ---------------------------------------------------------------- amp
@@ -116,7 +111,7 @@ class AmpConfig:
 
     def __post_init__(self) -> None:
         self.level = self.level.upper()
-        _require(self.level in AMP_LEVELS, f"amp.level must be one of {', '.join(AMP_LEVELS)}, got '{self.level}'")
+        require(self.level in AMP_LEVELS, f"amp.level must be one of {', '.join(AMP_LEVELS)}, got '{self.level}'")
         from ampgan.amp.policy import resolve_cell_types
 
         resolve_cell_types(self.keep_fp32)  # raises on unknown names
@@ -133,8 +128,8 @@ class HardwareConfig:
     threads: int = 0     # CPU op threads; 0 leaves MindSpore's default
 
     def __post_init__(self) -> None:
-        _require(self.device in DEVICES, f"hardware.device must be one of {', '.join(DEVICES)}, got '{self.device}'")
-        _require(self.threads >= 0, f"hardware.threads must be >= 0, got {self.threads}")
+        require(self.device in DEVICES, f"hardware.device must be one of {', '.join(DEVICES)}, got '{self.device}'")
+        require(self.threads >= 0, f"hardware.threads must be >= 0, got {self.threads}")
 
 
 # ---------------------------------------------------------------- trainer
@@ -153,14 +148,14 @@ class TrainerConfig:
     max_nonfinite_steps: int = 50  # stop as diverged after this many non-finite losses in a row
 
     def __post_init__(self) -> None:
-        _require(self.max_steps >= 1, f"trainer.max_steps must be >= 1, got {self.max_steps}")
-        _require(self.batch_size >= 2, f"trainer.batch_size must be >= 2, got {self.batch_size}")
+        require(self.max_steps >= 1, f"trainer.max_steps must be >= 1, got {self.max_steps}")
+        require(self.batch_size >= 2, f"trainer.batch_size must be >= 2, got {self.batch_size}")
         for key in ("log_every", "print_every"):
-            _require(getattr(self, key) >= 1, f"trainer.{key} must be >= 1, got {getattr(self, key)}")
+            require(getattr(self, key) >= 1, f"trainer.{key} must be >= 1, got {getattr(self, key)}")
         for key in ("eval_every", "checkpoint_every", "layer_health_every"):
-            _require(getattr(self, key) >= 0, f"trainer.{key} must be >= 0, got {getattr(self, key)}")
-        _require(self.eval_samples >= 100, f"trainer.eval_samples must be >= 100, got {self.eval_samples}")
-        _require(self.max_nonfinite_steps >= 1,
+            require(getattr(self, key) >= 0, f"trainer.{key} must be >= 0, got {getattr(self, key)}")
+        require(self.eval_samples >= 100, f"trainer.eval_samples must be >= 100, got {self.eval_samples}")
+        require(self.max_nonfinite_steps >= 1,
                  f"trainer.max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
 
 
@@ -174,8 +169,8 @@ class TrackingConfig:
     flush_every: int = 500    # buffered metrics sent in one batch
 
     def __post_init__(self) -> None:
-        _require(self.backend in ("mlflow", "none"), f"tracking.backend must be mlflow or none, got '{self.backend}'")
-        _require(self.flush_every >= 1, f"tracking.flush_every must be >= 1, got {self.flush_every}")
+        require(self.backend in ("mlflow", "none"), f"tracking.backend must be mlflow or none, got '{self.backend}'")
+        require(self.flush_every >= 1, f"tracking.flush_every must be >= 1, got {self.flush_every}")
         if self.backend == "mlflow" and not self.uri:
             self.uri = f"sqlite:///{outputs_dir() / 'mlflow.db'}"
 

@@ -19,12 +19,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, ops
 
-from ampgan import AmpganError
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise AmpganError(message)
+from ampgan import require
 
 
 # ---------------------------------------------------------------- configs
@@ -41,7 +36,7 @@ class StaticScalerConfig:
     skip_nonfinite: bool = True
 
     def __post_init__(self) -> None:
-        _require(0 < self.init_scale < float("inf"), f"scaler.init_scale must be a finite number > 0, got {self.init_scale}")
+        require(0 < self.init_scale < float("inf"), f"scaler.init_scale must be a finite number > 0, got {self.init_scale}")
 
 
 @dataclass
@@ -52,9 +47,9 @@ class DynamicScalerConfig:
     window: int = 1000
 
     def __post_init__(self) -> None:
-        _require(1 <= self.init_scale < float("inf"), f"scaler.init_scale must be a finite number >= 1, got {self.init_scale}")
-        _require(self.factor >= 2, f"scaler.factor must be an integer >= 2, got {self.factor}")
-        _require(self.window >= 1, f"scaler.window must be >= 1, got {self.window}")
+        require(1 <= self.init_scale < float("inf"), f"scaler.init_scale must be a finite number >= 1, got {self.init_scale}")
+        require(self.factor >= 2, f"scaler.factor must be an integer >= 2, got {self.factor}")
+        require(self.window >= 1, f"scaler.window must be >= 1, got {self.window}")
 
 
 @dataclass
@@ -70,13 +65,13 @@ class UnderflowAwareScalerConfig(DynamicScalerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _require(0 < self.underflow_threshold < 1,
+        require(0 < self.underflow_threshold < 1,
                  f"scaler.underflow_threshold must lie in (0, 1), got {self.underflow_threshold}")
-        _require(self.headroom_margin >= 1, f"scaler.headroom_margin must be >= 1, got {self.headroom_margin}")
+        require(self.headroom_margin >= 1, f"scaler.headroom_margin must be >= 1, got {self.headroom_margin}")
         for key in ("history", "min_interval", "probation"):
-            _require(getattr(self, key) >= 1, f"scaler.{key} must be >= 1, got {getattr(self, key)}")
-        _require(self.cooldown >= 0, f"scaler.cooldown must be >= 0, got {self.cooldown}")
-        _require(self.max_scale >= self.init_scale,
+            require(getattr(self, key) >= 1, f"scaler.{key} must be >= 1, got {getattr(self, key)}")
+        require(self.cooldown >= 0, f"scaler.cooldown must be >= 0, got {self.cooldown}")
+        require(self.max_scale >= self.init_scale,
                  f"scaler.max_scale ({self.max_scale}) must be >= scaler.init_scale ({self.init_scale})")
 
 
@@ -88,8 +83,8 @@ class FixedClipScalerConfig:
     skip_nonfinite: bool = True     # false: apply the step with non-finite elements zeroed
 
     def __post_init__(self) -> None:
-        _require(0 < self.init_scale < float("inf"), f"scaler.init_scale must be a finite number > 0, got {self.init_scale}")
-        _require(0 < self.clip_norm < float("inf"), f"scaler.clip_norm must be a finite number > 0, got {self.clip_norm}")
+        require(0 < self.init_scale < float("inf"), f"scaler.init_scale must be a finite number > 0, got {self.init_scale}")
+        require(0 < self.clip_norm < float("inf"), f"scaler.clip_norm must be a finite number > 0, got {self.clip_norm}")
 
 
 # ---------------------------------------------------------------- scalers
