@@ -35,9 +35,9 @@ class NetState:
     so the host does not stall MindSpore after every step, only at the logging cadence.
     """
 
-    def __init__(self, prefix: str, step: Step, params: list):
+    def __init__(self, prefix: str, step: Step):
         self.prefix, self.step = prefix, step
-        self.sizes = np.array([p.size for p in params], dtype=np.float64)
+        self.sizes = np.array([p.size for p in step.weights], dtype=np.float64)
         self.pending: list = []
         self.skipped = self.clipped = self.steps = 0
         self.nonfinite_run = 0          # consecutive steps whose loss was not finite
@@ -131,8 +131,8 @@ class GanTask(TaskBase):
             gen_amp, critic_amp, twin if twin is not None else critic_amp, opt_g, opt_d,
             build_scaler(s.scaler, "gen.scaler"), build_scaler(s.scaler, "critic.scaler"),
             m.gp_lambda, _health_fn(s), jit=s.hardware.jit)
-        self.critic_state = NetState("critic", critic_step, critic_amp.trainable_params())
-        self.gen_state = NetState("gen", gen_step, gen_amp.trainable_params())
+        self.critic_state = NetState("critic", critic_step)
+        self.gen_state = NetState("gen", gen_step)
         self.batches = Batches(data.x_train, data.y_train, s.trainer.batch_size, s.trainer.seed)
         self.rng = np.random.default_rng(s.trainer.seed + 1)
         self.batch_size = s.trainer.batch_size
@@ -190,7 +190,7 @@ class ClassifierTask(TaskBase):
         opt = mint.optim.Adam(net_amp.trainable_params(), lr=s.model.lr, betas=tuple(s.model.betas))
         step = build_classifier_step(net_amp, opt, build_scaler(s.scaler, "scaler"), _health_fn(s),
                                      fp32_loss=s.amp.fp32_loss, jit=s.hardware.jit)
-        self.state = NetState("train", step, net_amp.trainable_params())
+        self.state = NetState("train", step)
         self.batches = Batches(data.x_train, data.y_train, s.trainer.batch_size, s.trainer.seed)
 
     def states(self) -> list[NetState]:

@@ -53,7 +53,7 @@ def run_steps(task, tracker, cfg, run_dir: Path, steps: range, progress: Progres
         if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
             evaluation = task.evaluate()
             tracker.log_metrics(evaluation, step)
-            log.info(f"eval at step {step}: " + "  ".join(f"{k} {v:.4g}" for k, v in evaluation.items()))
+            log.info(f"eval at step {step}: {_fmt(evaluation)}")
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
             save_checkpoints(task, run_dir / "checkpoints")
         STOP.check()
@@ -72,8 +72,12 @@ def finish(task, tracker, run_dir: Path, step: int, outcome: str) -> dict[str, f
     for ckpt in save_checkpoints(task, run_dir / "checkpoints"):
         tracker.log_artifact(ckpt, "checkpoints")
     tracker.set_tags({"outcome": outcome})
-    log.info("final: " + "  ".join(f"{k} {v:.4g}" for k, v in final.items()))
+    log.info(f"final: {_fmt(final)}")
     return final
+
+
+def _fmt(metrics: dict[str, float]) -> str:
+    return "  ".join(f"{k} {v:.4g}" for k, v in metrics.items())
 
 
 def save_checkpoints(task, folder: Path) -> list[Path]:
