@@ -21,20 +21,46 @@ def check_device(device: str) -> None:
         raise AmpganError(f"hardware={device.lower()}: not available on this machine: {_MISSING[device]}")
 
 
+# The CPU op thread count this process runs with, once ampgan has set it (MindSpore takes
+# it once per process and has no getter).
+_threads_in_process: int | None = None
+
+
+def set_threads(threads: int) -> None:
+    """Run MindSpore's CPU ops with `threads` threads (0: MindSpore's default).
+
+    MindSpore accepts the value once per process. Asking again for the value already in force
+    is fine (sweep workers run several jobs each); asking for another one raises AmpganError,
+    since the job would run with the first value while its params record the second.
+    """
+    global _threads_in_process
+    current = _threads_in_process
+    if current is not None and threads != current:
+        asked = f"hardware.threads={threads}" + (" (MindSpore's default)" if threads == 0 else "")
+        raise AmpganError(f"{asked}, but this process already runs MindSpore's CPU ops with {current} threads "
+                          "(set by an earlier job; MindSpore sets the count once per process): "
+                          "run jobs with different hardware.threads in separate processes")
+    if threads and current is None:
+        try:
+            ms.device_context.cpu.op_tuning.threads_num(threads)
+        except RuntimeError as err:  # set outside ampgan in this process: its value is unknown
+            raise AmpganError(f"hardware.threads={threads}: MindSpore's CPU thread count was already set in this "
+                              f"process outside ampgan ({err}); leave hardware.threads=0 or use a fresh process") from None
+        _threads_in_process = threads
+
+
 def setup(cfg, seed: int) -> None:
     """Select the device, PYNATIVE mode (steps are compiled one by one with ms.jit), threads, seeds.
 
-    Safe to call again in the same process (sweep workers run several jobs each).
+    Safe to call again in the same process (sweep workers run several jobs each), except with
+    another non-default `threads` than an earlier job set (`set_threads` raises).
     """
     check_device(cfg.device)
+    if cfg.device == "CPU":
+        set_threads(cfg.threads)
     if ms.get_context("device_target") != cfg.device:
         ms.set_device(cfg.device)
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    if cfg.threads and cfg.device == "CPU":
-        try:
-            ms.device_context.cpu.op_tuning.threads_num(cfg.threads)
-        except RuntimeError:  # already fixed in this process by an earlier job
-            pass
     ms.set_seed(seed)
     np.random.seed(seed)
     random.seed(seed)

@@ -76,10 +76,32 @@ def test_overflow_after_an_early_raise_starts_a_cooldown():
     got = drive(ua(), script)
     scales = [s for s, *_ in got]
     assert scales[:3] == [128, 256, 128]          # raised, overflowed, halved
-    assert got[0][3] == 0 and got[1][3] == 5       # the overflow started a 6-step cooldown
-    assert scales[2:8] == [128] * 6                # no early raise while cooling down
-    assert scales[8] == 256 and got[7][3] == 0     # raises resume afterwards
+    assert got[0][3] == 0 and got[1][3] == 6       # the overflow started a 6-step cooldown
+    assert scales[2:9] == [128] * 7                # steps 2..7: no early raise while cooling down
+    assert got[7][3] == 0 and scales[9] == 256     # step 8 raises again
     assert [applied for _, applied, *_ in got] == [f for f, _ in script]
+
+
+@pytest.mark.parametrize("cooldown", [0, 1, 3, 6])
+def test_cooldown_pauses_early_raises_for_exactly_that_many_steps(cooldown):
+    sub = health_row(sub=0.3, max_abs=1.0)
+    got = drive(ua(cooldown=cooldown, min_interval=1), [(True, sub), (False, sub)] + [(True, sub)] * (cooldown + 2))
+    raises = [r for *_, r in got]                  # early raises so far, after each step
+    assert raises[:2] == [1, 1]                    # step 0 raised, step 1 overflowed (blamed)
+    after = raises[2:]
+    assert after[:cooldown] == [1] * cooldown      # the next `cooldown` steps make no early raise
+    assert after[cooldown] == 2                    # the step after them does
+
+
+@pytest.mark.parametrize("probation", [1, 3])
+def test_probation_blames_an_overflow_within_exactly_that_many_steps(probation):
+    under, clear = health_row(sub=0.3, max_abs=1.0), health_row(sub=0.0, max_abs=1.0)
+    # the overflow comes `probation` steps after the early raise: blamed, a cooldown starts
+    blamed = drive(ua(probation=probation), [(True, under)] + [(True, clear)] * (probation - 1) + [(False, clear)])
+    assert blamed[0][4] == 1 and blamed[-1][3] == 6
+    # one step later it is not blamed
+    spared = drive(ua(probation=probation), [(True, under)] + [(True, clear)] * probation + [(False, clear)])
+    assert spared[0][4] == 1 and spared[-1][3] == 0
 
 
 def test_floor_and_ceiling():
@@ -112,11 +134,36 @@ def test_fixed_clip_nonfinite_policy(skip):
     scaler = build_scaler(FixedClipScalerConfig(clip_norm=10.0, skip_nonfinite=skip), f"fcn{next(_ids)}")
     scaler.watch([ms.Tensor(np.zeros(3, np.float32))])
     grads = (ms.Tensor(np.array([np.inf, 3.0, 4.0], np.float32)),)
-    fixed, _ = scaler.clip(grads, ms.Tensor(np.inf, ms.float32))
+    fixed, clipped = scaler.clip(grads, ms.Tensor(np.inf, ms.float32))
     applied = bool(scaler.adjust(ms.Tensor(False), ms.Tensor(np.zeros((1, 4), np.float32))).asnumpy())
     assert applied is (not skip)
+    assert float(clipped.asnumpy()) == 0.0  # skipped: nothing clipped; kept: norm 5 <= 10
     if not skip:
         np.testing.assert_allclose(fixed[0].asnumpy(), [0.0, 3.0, 4.0])
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_fixed_clip_does_not_count_a_skipped_step_as_clipped(skip):
+    """A real compiled step whose gradient is infinite: skipped (and not clipped), or applied
+    with the bad element zeroed (and clipped, since the rest still exceeds clip_norm)."""
+    scaler = build_scaler(FixedClipScalerConfig(init_scale=1024.0, clip_norm=1.0, skip_nonfinite=skip),
+                          f"fcs{next(_ids)}")
+    net = nn.Dense(3, 1, weight_init="ones", has_bias=False)
+    net.update_parameters_name(f"fcs{next(_ids)}.")
+    opt = mint.optim.SGD(net.trainable_params(), lr=0.0)
+
+    def loss_fn(x):
+        loss = net(x).sum()
+        return scaler.scale(loss), ops.stack([loss])
+
+    step = make_step(loss_fn, net.trainable_params(), opt, scaler, grad_health, ("loss",))
+    overflow = step(ms.Tensor(np.array([[3e38, 3.0, 4.0]], np.float32)))   # d loss / d w0 = 3e38 * 1024 = inf
+    assert not overflow.finite and overflow.applied is (not skip)
+    assert overflow.clipped is (not skip)
+    big = step(ms.Tensor(np.array([[30.0, 40.0, 0.0]], np.float32)))       # finite, norm 50 > 1
+    assert big.finite and big.applied and big.clipped
+    small = step(ms.Tensor(np.array([[0.3, 0.4, 0.0]], np.float32)))       # norm 0.5 <= 1
+    assert small.applied and not small.clipped
 
 
 # ---------------------------------------------------------------- real compiled steps

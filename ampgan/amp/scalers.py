@@ -59,8 +59,8 @@ class UnderflowAwareScalerConfig(DynamicScalerConfig):
     headroom_margin: float = 8.0       # keep max|scaled g| * factor * margin below float16's max (65504)
     history: int = 16                  # steps of max|g| history for the headroom estimate
     min_interval: int = 2              # steps between two early raises
-    probation: int = 5                 # an overflow this soon after an early raise counts against it
-    cooldown: int = 200                # ...and pauses early raises for this many steps
+    probation: int = 5                 # an overflow within this many steps after an early raise counts against it
+    cooldown: int = 200                # ...and pauses early raises for exactly this many steps
     max_scale: float = 2.0**24         # ceiling for early raises (window growth keeps dynamic's rule)
 
     def __post_init__(self) -> None:
@@ -174,9 +174,10 @@ class UnderflowAwareScaler(DynamicScaler):
 
         each step, given finite and per-parameter health (zero, underflow, max_abs rows):
             sub   = sum(w * underflow) / sum(w * (1 - zero))      # w: parameter sizes
+            # since_early_raise: steps since the last early raise (1 on the step right after it)
+            blamed = not finite and since_early_raise <= probation
             if not finite:                                         # dynamic's rule
                 scale = max(1, scale / factor); counter = 0; skip the update
-                if since_early_raise < probation: cooldown = cooldown_steps
             else:
                 amax_hist.push(max_abs / scale)                    # unscaled, so it survives rescaling
                 counter += 1
@@ -186,7 +187,9 @@ class UnderflowAwareScaler(DynamicScaler):
                       and max(amax_hist) * scale * factor * margin < 65504
                       and scale * factor <= max_scale):
                     scale *= factor; counter = 0; since_early_raise = 0
-            since_early_raise += 1; cooldown = max(0, cooldown - 1)
+            # blamed: exactly the next cooldown_steps steps make no early raise
+            cooldown = cooldown_steps if blamed else max(0, cooldown - 1)
+            since_early_raise += 1
     """
 
     config = UnderflowAwareScalerConfig
@@ -230,8 +233,9 @@ class UnderflowAwareScaler(DynamicScaler):
 
         shrunk = ops.maximum(ops.ones((), ms.float32), scale / self.factor)
         new_scale = ops.select(finite, ops.select(raised, grown, scale), shrunk)
-        blamed = ops.logical_and(ops.logical_not(finite), self.since_raise < self.probation)
-        cooldown = ops.select(blamed, ops.ones((), ms.int32) * self.cooldown_steps, self.cooldown_left)
+        blamed = ops.logical_and(ops.logical_not(finite), self.since_raise <= self.probation)
+        cooldown = ops.select(blamed, ops.ones((), ms.int32) * self.cooldown_steps,
+                              ops.maximum(self.cooldown_left - 1, ops.zeros((), ms.int32)))
         counter = ops.select(ops.logical_or(raised, at_window), ops.zeros((), ms.int32),
                              (self.counter + 1) * finite.astype(ms.int32))
 
@@ -240,7 +244,7 @@ class UnderflowAwareScaler(DynamicScaler):
         ops.assign(self.amax_hist, hist)
         ops.assign(self.hist_pos, (self.hist_pos + finite.astype(ms.int32)) % self.history)
         ops.assign(self.since_raise, ops.select(early, ops.ones((), ms.int32), ops.minimum(self.since_raise + 1, 1 << 30)))
-        ops.assign(self.cooldown_left, ops.maximum(cooldown - 1, ops.zeros((), ms.int32)))
+        ops.assign(self.cooldown_left, cooldown)
         ops.assign(self.early_raises, self.early_raises + early.astype(ms.int32))
         return finite
 
@@ -252,8 +256,11 @@ class FixedClipScaler(NoOpScaler):
         g = unscale(scaled_grads)
         if not skip_nonfinite: g = where(isfinite(g), g, 0)    # keep the step, drop the bad elements
         norm = ||g||_2 over all parameters
-        if norm > clip_norm: g *= clip_norm / norm              # `clipped` reported for the step
+        if norm > clip_norm: g *= clip_norm / norm
+        clipped = norm > clip_norm and norm is finite           # reported for the step (clip_rate)
         apply the update if finite or not skip_nonfinite
+    A skipped step (non-finite gradients, `skip_nonfinite`) has an inf/nan norm and is not
+    counted as clipped: nothing was clipped, nothing was applied.
     A good threshold clips only now and then: watch `*/clip_rate`.
     """
 
@@ -271,7 +278,8 @@ class FixedClipScaler(NoOpScaler):
             grad_norm = ops.sqrt(ops.addn([ops.square(g).sum() for g in grads]))
         ratio = self.clip_norm / ops.maximum(grad_norm, 1e-12)
         factor = ops.minimum(ratio, ops.ones((), ms.float32))
-        return tuple(g * factor.astype(g.dtype) for g in grads), (ratio < 1.0).astype(ms.float32)
+        clipped = ops.logical_and(ratio < 1.0, ops.isfinite(grad_norm))
+        return tuple(g * factor.astype(g.dtype) for g in grads), clipped.astype(ms.float32)
 
 
 SCALERS = {
