@@ -1,22 +1,37 @@
-"""Config schema: one dataclass per config-group option, checked before anything runs.
+"""Config schema: the dataclasses below are the one source of truth for every default.
 
-Hydra composes `conf/train.yaml` (struct mode rejects unknown keys); `validate()` then
-merges every group into its dataclass (type errors) and builds the objects, whose
-`__post_init__` checks the values (range errors). Either way the user gets an
-`AmpganError` with one line naming the key.
+Each dataclass is registered with Hydra's ConfigStore as a structured-config schema
+(`register_schemas`: `schema/model/wgan_gp`, `schema/trainer`, `schema/scaler/dynamic`, ...);
+every YAML option in `conf/<group>/` extends its schema
+(`defaults: [/schema/trainer@_here_, _self_]`) and holds only what differs from it, plus
+comments. Hydra composes `conf/train.yaml` with those types (a wrong type or an unknown key
+fails at composition); `validate()` then builds the dataclasses, whose `__post_init__` checks
+the values (range errors), and checks the combinations of groups (`COMBINATIONS`: each check
+names the fields it reads, so the preflight can validate a huge sweep one interacting set of
+keys at a time). Either way the user gets an `AmpganError` with one line naming the key.
 """
 
 from __future__ import annotations
 
+import copy
+import difflib
+import logging
+import math
 import os
-from dataclasses import dataclass, field
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ampgan import AmpganError, require
+from ampgan.amp.scaler_config import SCALER_CONFIGS
+
+log = logging.getLogger("ampgan")
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 CONF_DIR = PACKAGE_DIR.parent / "conf"
@@ -38,18 +53,22 @@ class WganGpConfig:
 
     name: str = "wgan_gp"
     z_dim: int = 2
-    hidden: int = 128          # MLP width, or conv channels of the first layer
+    hidden: int = 128          # MLP width, or conv channels of the critic's first layer
     depth: int = 3             # hidden layers of the MLPs
     gp_lambda: float = 0.1     # paper: 0.1 on the toy sets, 10 on images
-    n_critic: int = 5
-    lr_g: float = 3e-4
+    n_critic: int = 5          # critic steps per generator step
+    lr_g: float = 3e-4         # paper: 1e-4 over 100k steps; 3e-4 covers all 8 modes in 1000 here
     lr_d: float = 3e-4
-    betas: tuple[float, float] = (0.5, 0.9)
+    betas: tuple[float, float] = (0.5, 0.9)  # Adam; beta1 = 0 works too (mint.optim.Adam)
+    critic_gain: float = 1.0         # x every initial critic weight (diagnose's planted cases; 1: off)
+    critic_input_scale: float = 1.0  # critic input x this, first layer / this (same function; 1: off)
 
     def __post_init__(self) -> None:
-        require(self.z_dim >= 1, f"model.z_dim must be >= 1, got {self.z_dim}")
-        require(self.hidden >= 1, f"model.hidden must be >= 1, got {self.hidden}")
-        require(self.depth >= 1, f"model.depth must be >= 1, got {self.depth}")
+        require(self.critic_gain > 0, f"model.critic_gain must be > 0, got {self.critic_gain}")
+        require(self.critic_input_scale > 0, f"model.critic_input_scale must be > 0, got {self.critic_input_scale}")
+        _check_size("model.z_dim", self.z_dim, MAX_WIDTH)
+        _check_size("model.hidden", self.hidden, MAX_WIDTH)
+        _check_size("model.depth", self.depth, MAX_DEPTH)
         require(self.gp_lambda >= 0, f"model.gp_lambda must be >= 0, got {self.gp_lambda}")
         require(self.n_critic >= 1, f"model.n_critic must be >= 1, got {self.n_critic}")
         _check_adam("model", min(self.lr_g, self.lr_d), self.betas)
@@ -61,17 +80,62 @@ class ClassifierConfig:
 
     name: str = "classifier"
     width: int = 32
-    lr: float = 1e-3
+    lr: float = 3e-3
     betas: tuple[float, float] = (0.9, 0.999)
+    logit_scale: float = 1.0   # the head multiplies its logits by this (diagnose's planted cases; 1: off)
+    norm_scale: float = 0.0    # > 0: cosine head on features x this (diagnose's planted cases; 0: off)
+    feature_offset: float = 0.0  # > 0: the head centres features + this (diagnose's planted cases; 0: off)
 
     def __post_init__(self) -> None:
-        require(self.width >= 1, f"model.width must be >= 1, got {self.width}")
+        require(self.logit_scale > 0, f"model.logit_scale must be > 0, got {self.logit_scale}")
+        require(self.norm_scale >= 0, f"model.norm_scale must be >= 0, got {self.norm_scale}")
+        require(self.feature_offset >= 0, f"model.feature_offset must be >= 0, got {self.feature_offset}")
+        _check_size("model.width", self.width, MAX_WIDTH)
         _check_adam("model", self.lr, self.betas)
+
+
+MAX_WIDTH = 2**14  # a wider layer's weights alone (x4 with Adam's moments and the gradient) outgrow host memory
+MAX_DEPTH = 256
+
+
+def _check_size(key: str, value: int, most: int) -> None:
+    require(1 <= value <= most, f"{key} must lie in 1 .. {most}, got {value}")
 
 
 def _check_adam(group: str, lr: float, betas: tuple[float, float]) -> None:
     require(lr > 0, f"{group}: learning rates must be > 0, got {lr}")
+    require(len(betas) == 2, f"{group}.betas must be two numbers [beta1, beta2], got {list(betas)}")
     require(all(0.0 <= b < 1.0 for b in betas), f"{group}.betas must lie in [0, 1), got {list(betas)}")
+
+
+def _check_seed(key: str, seed: int) -> None:
+    require(0 <= seed < 2**32, f"{key} must lie in 0 .. 2**32-1 (NumPy's and MindSpore's seed range), got {seed}")
+
+
+_BYTES_PER_POINT = 64  # peak host memory per generated 2-D point (float64 draws, labels, the split's copies)
+
+
+def _memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX: no limit known
+        return 2**62
+
+
+def _check_tracking_uri(uri: str) -> None:
+    """A tracking URI MLflow can open from any run folder (Hydra starts each job in its own)."""
+    if not uri:
+        return
+    require(re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", uri) is not None,
+            f"tracking.uri must be a URI such as sqlite:////abs/path/mlflow.db or http://host:5000, got '{uri}'")
+    if uri.startswith("sqlite:"):
+        path = uri[len("sqlite:"):]
+        require(path.startswith("////"),
+                f"tracking.uri: use an absolute sqlite path (sqlite:////abs/path/mlflow.db), got '{uri}': "
+                "a relative one would land in each job's own folder")
+    require(not uri.startswith("file:") or os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() == "true",
+            f"tracking.uri={uri}: MLflow 3 refuses file stores unless MLFLOW_ALLOW_FILE_STORE=true; "
+            "use sqlite:////abs/path/mlflow.db")
 
 
 # ---------------------------------------------------------------- data
@@ -80,9 +144,9 @@ class DataConfig:
     """A data set: 2-D toy sets are generated, digits come inside scikit-learn. No downloads."""
 
     name: str = "gaussians8"
-    n_train: int = 20000       # toy sets only; digits has 1797 images in all
+    n_train: int = 20000       # training points of the toy sets; digits has 1797 images in all
     test_fraction: float = 0.2
-    noise: float = 0.02        # std of each Gaussian mode / Swiss-roll noise
+    noise: float = 0.02        # std of each Gaussian mode / Swiss-roll noise (paper: 0.02, 0.05, 0.25)
     image_size: int = 8        # digits: 8 (native) or 16 (resized)
     seed: int = 1234           # fixes the generated points and the train/test split
 
@@ -92,6 +156,11 @@ class DataConfig:
         require(self.name in DATASETS, f"unknown data set '{self.name}' (known: {', '.join(sorted(DATASETS))})")
         require(self.n_train >= 16, f"data.n_train must be >= 16, got {self.n_train}")
         require(0 < self.test_fraction < 1, f"data.test_fraction must lie in (0, 1), got {self.test_fraction}")
+        _check_seed("data.seed", self.seed)
+        need = self.n_train / (1 - self.test_fraction) * _BYTES_PER_POINT
+        require(self.name == "digits" or need <= _memory_bytes(),
+                f"data.n_train={self.n_train}: generating the set needs ~{need / 2**30:.0f} GiB, "
+                f"more than this machine's {_memory_bytes() / 2**30:.0f} GiB")
         require(self.noise >= 0, f"data.noise must be >= 0, got {self.noise}")
         require(self.image_size in (8, 16), f"data.image_size must be 8 or 16, got {self.image_size}")
 
@@ -105,16 +174,17 @@ class AmpConfig:
     """How the nets run: MindSpore's AMP level plus FP32 keep-lists."""
 
     level: str = "O0"
-    keep_fp32: list[str] = field(default_factory=list)  # mindspore.nn cell class names
-    fp32_loss: bool = True                # loss / softmax-CE computed in FP32
-    fp32_gradient_penalty: bool = False   # the GP term through an FP32 twin of the critic
+    keep_fp32: list[str] = field(default_factory=list)  # cells kept in FP32: nn class names or cell paths
+    fp32_loss: bool = True                # classifier: softmax-CE in FP32 (false: float16)
+    fp32_gradient_penalty: bool = False   # WGAN-GP: the GP through an FP32 twin of the critic sharing its weights
 
     def __post_init__(self) -> None:
         self.level = self.level.upper()
         require(self.level in AMP_LEVELS, f"amp.level must be one of {', '.join(AMP_LEVELS)}, got '{self.level}'")
-        from ampgan.amp.policy import resolve_cell_types
+        if self.keep_fp32:  # MindSpore is imported only when there is a keep-list to check
+            from ampgan.amp.policy import resolve_cell_types
 
-        resolve_cell_types(self.keep_fp32)  # raises on unknown names
+            resolve_cell_types(self.keep_fp32)  # raises on unknown names
 
 
 # ---------------------------------------------------------------- hardware
@@ -124,8 +194,9 @@ DEVICES = ("CPU", "GPU", "Ascend")
 @dataclass
 class HardwareConfig:
     device: str = "CPU"
-    jit: bool = True     # compile train steps with ms.jit (PYNATIVE otherwise)
+    jit: bool = True     # compile train steps with ms.jit (PYNATIVE otherwise); WGAN-GP needs it
     threads: int = 0     # CPU op threads; 0 leaves MindSpore's default
+    unsafe_pynative_gp: bool = False  # study only: allow jit=false for WGAN-GP (its GP gradient is then wrong)
 
     def __post_init__(self) -> None:
         require(self.device in DEVICES, f"hardware.device must be one of {', '.join(DEVICES)}, got '{self.device}'")
@@ -136,25 +207,32 @@ class HardwareConfig:
 @dataclass
 class TrainerConfig:
     max_steps: int = 1000        # optimiser steps (GAN: generator steps, each after n_critic critic steps)
-    batch_size: int = 256
-    seed: int = 0
+    batch_size: int = 256        # at most the training split's size
+    seed: int = 0                # weights, batches and noise; 0 .. 2**32-1
     log_every: int = 10          # metrics to the tracker
     print_every: int = 200       # one status line on the console
-    eval_every: int = 0          # 0: evaluate only at the end
+    eval_every: int = 250        # 0: evaluate only at the end
     checkpoint_every: int = 0    # 0: checkpoint only at the end
     eval_samples: int = 2000     # generated samples for GAN metrics
     grad_health: bool = True     # in-graph gradient statistics in every step
     layer_health_every: int = 100  # per-parameter health metrics (grad/<param>/<field>); 0: never
     max_nonfinite_steps: int = 50  # stop as diverged after this many non-finite losses in a row
+    resume: str = ""             # continue a run: its MLflow run id, run folder or checkpoint path
+    requeue: bool = False        # on SIGTERM end the run so that a restarted job of the same key continues it
+    keep_checkpoints: int = 2    # newest full-state checkpoint sets kept in the run folder
+    print_seconds: float = 30.0  # a status line at least this often (0: only every print_every steps)
 
     def __post_init__(self) -> None:
         require(self.max_steps >= 1, f"trainer.max_steps must be >= 1, got {self.max_steps}")
         require(self.batch_size >= 2, f"trainer.batch_size must be >= 2, got {self.batch_size}")
+        _check_seed("trainer.seed", self.seed)
         for key in ("log_every", "print_every"):
             require(getattr(self, key) >= 1, f"trainer.{key} must be >= 1, got {getattr(self, key)}")
         for key in ("eval_every", "checkpoint_every", "layer_health_every"):
             require(getattr(self, key) >= 0, f"trainer.{key} must be >= 0, got {getattr(self, key)}")
         require(self.eval_samples >= 100, f"trainer.eval_samples must be >= 100, got {self.eval_samples}")
+        require(self.keep_checkpoints >= 1, f"trainer.keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
+        require(self.print_seconds >= 0, f"trainer.print_seconds must be >= 0, got {self.print_seconds}")
         require(self.max_nonfinite_steps >= 1,
                  f"trainer.max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
 
@@ -167,10 +245,15 @@ class TrackingConfig:
     experiment: str = "ampgan"
     run_name: str = ""        # default: model-data-amp-scaler
     flush_every: int = 500    # buffered metrics sent in one batch
+    heartbeat_seconds: float = 30.0  # how often a run tells the store it is alive
 
     def __post_init__(self) -> None:
         require(self.backend in ("mlflow", "none"), f"tracking.backend must be mlflow or none, got '{self.backend}'")
+        require(0 < len(self.experiment) <= 500,
+                f"tracking.experiment must be 1 to 500 characters (MLflow's limit), got {len(self.experiment)}")
+        _check_tracking_uri(self.uri)
         require(self.flush_every >= 1, f"tracking.flush_every must be >= 1, got {self.flush_every}")
+        require(self.heartbeat_seconds > 0, f"tracking.heartbeat_seconds must be > 0, got {self.heartbeat_seconds}")
         if self.backend == "mlflow" and not self.uri:
             self.uri = f"sqlite:///{outputs_dir() / 'mlflow.db'}"
 
@@ -194,57 +277,187 @@ class Settings:
 
 MODELS = {"wgan_gp": WganGpConfig, "classifier": ClassifierConfig}
 
+# ConfigStore paths, per config group: {path: dataclass}. A YAML option extends its schema
+# (`defaults: [/schema/model/wgan_gp@_here_, _self_]`) and holds only what differs from it.
+# The schemas live under `schema/`, apart from the groups, so they are no option of a group
+# (`model=glob(*)` sweeps the YAML options only).
+SCHEMAS: dict[str, dict[str, type]] = {
+    "model": {f"schema/model/{name}": schema for name, schema in MODELS.items()},
+    "data": {"schema/data": DataConfig},
+    "amp": {"schema/amp": AmpConfig},
+    "scaler": {f"schema/scaler/{name}": schema for name, schema in SCALER_CONFIGS.items()},
+    "hardware": {"schema/hardware": HardwareConfig},
+    "trainer": {"schema/trainer": TrainerConfig},
+    "tracking": {"schema/tracking": TrackingConfig},
+}
+GROUPS = tuple(SCHEMAS)
 
-def _build(group: str, schema: type, node: Any) -> Any:
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(schema), node)
-        return OmegaConf.to_object(merged)
-    except OmegaConfBaseException as err:
-        msg = str(err).splitlines()[0]
-        key = getattr(err, "full_key", None)
-        raise AmpganError(f"{group}{'.' + key if key else ''}: {msg}") from None
+
+def register_schemas() -> None:
+    """Store every schema in Hydra's ConfigStore (done on import; idempotent)."""
+    store = ConfigStore.instance()
+    for schemas in SCHEMAS.values():
+        for path, schema in schemas.items():
+            group, _, name = path.rpartition("/")
+            store.store(group=group, name=name, node=schema)
 
 
-def _schema(group: str, registry: dict[str, type], node: Any) -> type:
-    name = node.get("name") if isinstance(node, DictConfig) else None
+register_schemas()
+
+
+def schema_of(group: str, node: Any) -> type:
+    """The dataclass a group's node is checked against (model and scaler: chosen by `name`)."""
+    registry = {"model": MODELS, "scaler": SCALER_CONFIGS}.get(group)
+    if registry is None:
+        return next(iter(SCHEMAS[group].values()))
+    name = node.get("name") if isinstance(node, (DictConfig, dict)) else None
     if name not in registry:
         raise AmpganError(f"unknown {group} '{name}' (known: {', '.join(sorted(registry))})")
     return registry[name]
 
 
-def validate(cfg: DictConfig) -> Settings:
-    """Turn the composed Hydra config into checked dataclasses, or raise AmpganError."""
-    from ampgan.amp.scalers import SCALERS
+def closest(word: str, choices) -> str:
+    """' (did you mean X?)' for the choice closest to a mistyped `word`, or ''."""
+    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    if not match:
+        folded = {c.lower(): c for c in choices}
+        match = [folded[word.lower()]] if word.lower() in folded else []
+    return f" (did you mean {match[0]}?)" if match else ""
 
-    for group in ("model", "data", "amp", "scaler", "hardware", "trainer", "tracking"):
+
+def _nonfinite_field(obj: Any) -> str | None:
+    """The first float field of a dataclass holding NaN or infinity, as 'name=value'."""
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, float) and not math.isfinite(v):
+                return f"{f.name}={v}"
+    return None
+
+
+def _build(group: str, schema: type, node: Any) -> Any:
+    try:
+        obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), node))
+    except OmegaConfBaseException as err:
+        msg = str(err).splitlines()[0]
+        key = getattr(err, "full_key", None) or ""
+        unknown = re.match(r"Key '([^']+)' not in '", msg)
+        if unknown:
+            leaf = unknown.group(1)
+            known = [f.name for f in fields(schema)]
+            raise AmpganError(f"{group}.{key or leaf}: no key '{leaf}' in {group}{closest(leaf, known)}") from None
+        raise AmpganError(f"{group}{'.' + key if key else ''}: {msg}") from None
+    bad = _nonfinite_field(obj)
+    if bad:
+        raise AmpganError(f"{group}.{bad}: must be a finite number")
+    return obj
+
+
+def _check_option_name(group: str, node: Any) -> None:
+    """`model.name=classifier` on top of model=wgan_gp would mix two schemas: ask for the option."""
+    if not isinstance(node, DictConfig):
+        return
+    typed = OmegaConf.get_type(node)
+    registry = {"model": MODELS, "scaler": SCALER_CONFIGS}[group]
+    if typed in registry.values():
+        option = typed.__dataclass_fields__["name"].default
+        require(node.name == option, f"{group}.name={node.name}: choose the option instead ({group}={node.name}); "
+                                     f"the name of {group}={option} cannot change")
+
+
+def validate(cfg: DictConfig, cache: dict | None = None) -> Settings:
+    """Turn the composed Hydra config into checked dataclasses, or raise AmpganError.
+
+    `cache` (a dict the caller keeps) reuses the groups already built from identical nodes:
+    the preflight validates many jobs of a sweep that differ in one group only.
+    """
+    for group in GROUPS:
         if group not in cfg:
             raise AmpganError(f"config has no '{group}' group")
     try:  # interpolations such as ${amp.level} resolve against the whole config, so resolve first
-        cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+        for group in ("model", "scaler"):
+            _check_option_name(group, cfg[group])
+        plain = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as err:
         raise AmpganError(f"{getattr(err, 'full_key', '') or 'config'}: {str(err).splitlines()[0]}") from None
-    settings = Settings(
-        model=_build("model", _schema("model", MODELS, cfg.model), cfg.model),
-        data=_build("data", DataConfig, cfg.data),
-        amp=_build("amp", AmpConfig, cfg.amp),
-        scaler=_build("scaler", _schema("scaler", {k: v.config for k, v in SCALERS.items()}, cfg.scaler), cfg.scaler),
-        hardware=_build("hardware", HardwareConfig, cfg.hardware),
-        trainer=_build("trainer", TrainerConfig, cfg.trainer),
-        tracking=_build("tracking", TrackingConfig, cfg.tracking),
-    )
-    _check_combination(settings)
+    built = {}
+    for group in GROUPS:
+        node = plain[group]
+        key = (group, repr(node))
+        if cache is None or key not in cache:
+            obj = _build(group, schema_of(group, node), node)
+            if cache is None:
+                built[group] = obj
+                continue
+            cache[key] = obj
+        built[group] = copy.deepcopy(cache[key])
+    settings = Settings(**built)
+    for combination in COMBINATIONS:
+        combination.check(settings)
     return settings
 
 
-def _check_combination(s: Settings) -> None:
-    if s.is_gan and not s.hardware.jit:
-        raise AmpganError(
-            "hardware.jit=false with model=wgan_gp: MindSpore 2.10 computes the gradient penalty's "
-            "second-order gradient wrongly in PYNATIVE mode; keep jit on"
-        )
-    from ampgan.amp.scalers import SCALERS
+# ---------------------------------------------------------------- combinations of groups
+@dataclass(frozen=True)
+class Combination:
+    """A check across groups. `reads` lists every field it looks at ("model.name", ...): the
+    preflight validates a sweep's combinations of exactly the keys that can change them."""
 
-    if SCALERS[s.scaler.name].needs_health and not s.trainer.grad_health:
-        raise AmpganError(f"scaler={s.scaler.name} reads gradient health: set trainer.grad_health=true")
-    if s.data.name == "swissroll" and not s.is_gan:
-        raise AmpganError("data=swissroll has no class labels: use it with model=wgan_gp")
+    reads: tuple[str, ...]
+    check: Callable[[Settings], None]
+
+
+COMBINATIONS: list[Combination] = []
+
+
+def _combination(*reads: str) -> Callable:
+    def register(check: Callable[[Settings], None]) -> Callable[[Settings], None]:
+        COMBINATIONS.append(Combination(reads, check))
+        return check
+    return register
+
+
+@_combination("model.name", "hardware.jit", "hardware.unsafe_pynative_gp")
+def _gan_needs_jit(s: Settings) -> None:
+    if not s.is_gan or s.hardware.jit:
+        return
+    require(s.hardware.unsafe_pynative_gp,
+            "hardware.jit=false with model=wgan_gp: MindSpore 2.10 computes the gradient penalty's "
+            "second-order gradient wrongly in PYNATIVE mode; keep jit on")
+    log.warning("UNSAFE: hardware.jit=false with model=wgan_gp (hardware.unsafe_pynative_gp=true): MindSpore 2.10 "
+                "computes the gradient penalty's second-order gradient silently WRONG in PYNATIVE mode, so this "
+                "critic does not train as WGAN-GP; use it only to study that failure")
+
+
+@_combination("scaler.name", "trainer.grad_health")
+def _scaler_needs_health(s: Settings) -> None:
+    require(not SCALER_CONFIGS[s.scaler.name].needs_health or s.trainer.grad_health,
+            f"scaler={s.scaler.name} reads gradient health: set trainer.grad_health=true")
+
+
+@_combination("model.name", "data.name")
+def _classifier_needs_labels(s: Settings) -> None:
+    require(s.is_gan or s.data.name != "swissroll", "data=swissroll has no class labels: use it with model=wgan_gp")
+
+
+@_combination("data.name", "data.n_train", "data.test_fraction", "data.seed", "trainer.batch_size")
+def _batch_fits_the_data(s: Settings) -> None:
+    from ampgan.data import train_size
+
+    n = train_size(s.data)
+    require(s.trainer.batch_size <= n,
+            f"trainer.batch_size={s.trainer.batch_size} is larger than the {n} training samples of data={s.data.name}")
+
+
+@_combination("model.name", "amp.fp32_loss")
+def _fp32_loss_applies(s: Settings) -> None:
+    require(not s.is_gan or s.amp.fp32_loss,
+            "amp.fp32_loss=false with model=wgan_gp: WGAN-GP's losses are means of the critic's FP32 outputs, "
+            "so the flag would change nothing; it applies to model=classifier")
+
+
+@_combination("model.name", "amp.fp32_gradient_penalty")
+def _fp32_gp_applies(s: Settings) -> None:
+    require(s.is_gan or not s.amp.fp32_gradient_penalty,
+            "amp.fp32_gradient_penalty=true with model=classifier: the classifier has no gradient penalty, "
+            "so the flag would change nothing; it applies to model=wgan_gp")

@@ -1,32 +1,103 @@
 """Check the command line before Hydra runs anything: bad input -> one line, exit code 2.
 
 Hydra reports a missing group option or an unknown key as a multi-line message and exit
-code 1, and a bad value only surfaces inside the job. Here every combination a command
-line asks for (sweeps included) is composed and validated up front, so
-`amp=o9`, `scaler.init_scale=-1` or `data=nope` fail with one line before any run exists.
+code 1, and a bad value only surfaces inside the job. Here every job a command line asks
+for is composed and validated up front (`amp=o9`, `scaler.init_scale=-1`, `data=nope` fail
+with one line before any run exists), sweeps included:
+
+- the sweep is expanded the way Hydra's basic sweeper will expand it: the preset's
+  `hydra.sweeper.params` (e.g. `+experiment=scaler_study`) first, the command line's sweeps
+  after them and over them; `a,b`, `choice()`, `range()` and `glob()` are enumerated;
+  `interval()` is refused unless a search sweeper (Optuna) is configured, which then gets
+  its end points checked;
+- a huge sweep is still checked whole, without composing every job: the jobs that differ
+  only in keys that cannot interact need not all be built. Each config group is validated
+  for every combination of the swept keys that can change it, and each cross-group check
+  (`config.COMBINATIONS`, which name the fields they read) for every combination of the
+  swept keys that can change those fields; the other swept keys stay at their first value.
+  A preset, a key interpolated into another group or a value with `${...}` counts as
+  touching everything;
+- jobs of one process cannot use different `hardware.threads` (MindSpore fixes the count
+  once), jobs may not resume the same run, and the MLflow store is created before a sweep's
+  jobs start (parallel workers racing to create it fail).
+
+`check(argv, config_name, extra)` serves any root config: `extra(cfg)` is called on every
+composed job (e.g. to validate a tool's own config node) and may raise AmpganError.
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 import re
 import sys
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
 
-from hydra import compose, initialize_config_dir
+from hydra import initialize_config_dir
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.utils import get_args_parser
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
+from hydra.core.override_parser.types import Override
+from hydra.errors import HydraException, MissingConfigException
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from ampgan import AmpganError
-from ampgan.config import CONF_DIR, validate
-from ampgan.hardware import check_device
+from ampgan.config import COMBINATIONS, CONF_DIR, GROUPS, Settings, closest, validate
 
-MAX_COMBINATIONS = 256
+MAX_JOBS = 100_000    # a sweep this large is refused (loudly): Hydra itself composes every job
+MAX_CHECKS = 20_000   # ... and so is one whose interacting keys alone make this many jobs to compose
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+SEARCH_SWEEPERS = ("hydra_plugins.hydra_optuna_sweeper.", "hydra_plugins.hydra_nevergrad_sweeper.",
+                   "hydra_plugins.hydra_ax_sweeper.")  # sweepers that sample interval() instead of listing jobs
+EVERYTHING = "*"
+
+Extra = Callable[[DictConfig], None]
 
 
-def _group_options(group: str) -> list[str]:
+def check(argv: list[str], config_name: str = "train", extra: Extra | None = None) -> None:
+    """Raise AmpganError for the first bad override or job in `argv` (Hydra's CLI words)."""
+    args = _parse_args(argv)
+    if args.help or args.hydra_help or args.info or args.shell_completion or args.cfg:
+        return
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        _Preflight(args.config_name or config_name, list(args.overrides), args.multirun, extra).run()
+
+
+def run_checked(main: Callable[[], object], config_name: str = "train", extra: Extra | None = None) -> None:
+    """Pre-check sys.argv, then hand over to the `@hydra.main` function `main`."""
+    try:
+        check(sys.argv[1:], config_name, extra)
+    except AmpganError as err:
+        print(f"ampgan: error: {one_line(str(err))}", file=sys.stderr)
+        sys.exit(2)
+    main()
+
+
+def one_line(message: str) -> str:
+    """The message on one line, every very long word cut short, printable on this terminal."""
+    text = " ".join(message.replace("\r", "\n").split("\n"))
+    text = re.sub(r"\S{81,}", lambda m: f"{m.group(0)[:40]}...({len(m.group(0))} characters)", text)
+    encoding = getattr(sys.stderr, "encoding", None) or "utf-8"
+    return text.encode(encoding, "backslashreplace").decode(encoding)
+
+
+def _parse_args(argv: list[str]):
+    parser = get_args_parser()
+
+    def refuse(message: str) -> None:  # argparse would print its usage and a second line
+        raise AmpganError(f"command line: {message}")
+
+    parser.error = refuse  # type: ignore[method-assign]
+    return parser.parse_args(argv)
+
+
+def _conf_options(group: str) -> list[str]:
     folder = CONF_DIR / group
     return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
 
@@ -38,69 +109,366 @@ def _first_line(err: BaseException) -> str:
     return ": ".join((lines[:1] or [type(err).__name__]) + extra)
 
 
-def check(argv: list[str]) -> None:
-    """Raise AmpganError for the first bad override or combination in `argv` (Hydra's CLI words)."""
-    args = get_args_parser().parse_args(argv)
-    if args.help or args.hydra_help or args.info or args.shell_completion or args.cfg:
-        return
-    parsed = OverridesParser.create().parse_overrides(args.overrides)
-    choices: list[list[str]] = []
-    for ov in parsed:
-        key = ov.key_or_group
-        if key.startswith("hydra") or ov.is_delete():
-            continue
-        values = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.get_value_element_as_str()]
-        if "/" not in key and "." not in key and _group_options(key.lstrip("+")):
-            options = _group_options(key.lstrip("+"))
-            for v in values:
-                if v not in options:
-                    raise AmpganError(f"{key}={v}: no such option (choose from: {', '.join(options)})")
-        prefix = "+" if ov.is_add() else ("++" if ov.is_force_add() else "")
-        choices.append([f"{prefix}{key}={v}" for v in values])
-    combos = list(itertools.islice(itertools.product(*choices), MAX_COMBINATIONS))
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        for combo in combos:
+@dataclass
+class _Dim:
+    """One key of the sweep, in Hydra's job order: `key` as Hydra spells it (`+experiment`)."""
+
+    key: str
+    values: list[str]
+
+    @property
+    def name(self) -> str:  # the key without its +, ++ or ~
+        return self.key.lstrip("+~")
+
+    def override(self, i: int) -> str:
+        return f"{self.key}={self.values[i]}"
+
+
+class _Preflight:
+    def __init__(self, config_name: str, overrides: list[str], multirun: bool, extra: Extra | None):
+        self.config_name, self.overrides, self.multirun, self.extra = config_name, overrides, multirun, extra
+        self.hydra = GlobalHydra.instance().hydra
+        self.parser = OverridesParser.create(config_loader=self.hydra.config_loader)
+        self.bases: dict[tuple[str, ...], DictConfig] = {}
+        self.parsed: dict[str, Override] = {}
+        self.devices: set[str] = set()
+        self.remote = False  # jobs run on other machines (submitit): their device is checked there (hardware.setup)
+        self.built: dict = {}  # groups already validated, by content
+
+    # ------------------------------------------------------------ the whole check
+    def run(self) -> None:
+        primary = self.primary()
+        if not self.multirun:
+            if any(ov.is_sweep_override() for ov in self._parse(self.overrides)):
+                self._compose(self.overrides, RunMode.RUN)  # raises Hydra's "needs --multirun", explained
+            with open_dict(primary):
+                del primary["hydra"]
+            self._check_cfg(primary, [])
+            return
+        self.dims = self.sweep_dims(primary)
+        self.jobs = self._product(list(range(len(self.dims))))
+        if self.jobs > MAX_JOBS:
+            raise AmpganError(f"this sweep has {self.jobs:,} jobs, more than {MAX_JOBS:,}: split it")
+        settings = [self._validate_job(job) for job in self.jobs_to_check()]
+        self._check_across_jobs(primary, settings)
+        self._create_stores(settings)
+
+    def primary(self) -> DictConfig:
+        """The config as Hydra's multirun composes it (sweeps left out): says whether a preset asks for one."""
+        parsed = self._parse(self.overrides)
+        self.hydra_overrides = [ov.input_line for ov in parsed if ov.is_hydra_override()]
+        for ov in parsed:
+            self._check_group_choice(ov)
+        primary = self._compose(self.overrides, RunMode.MULTIRUN)
+        self.multirun = self.multirun or primary.hydra.mode == RunMode.MULTIRUN
+        self.remote = self.multirun and "submitit" in str(primary.hydra.launcher.get("_target_", ""))
+        return primary
+
+    # ------------------------------------------------------------ command-line words
+    def _parse(self, words: list[str]) -> list[Override]:
+        out = []
+        for word in words:
             try:
-                cfg = compose(config_name=args.config_name or "train", overrides=list(combo))
-            except (HydraException, OmegaConfBaseException) as err:
-                raise AmpganError(_explain(err, args.config_name or "train", list(combo))) from None
-            settings = validate(cfg)
-            check_device(settings.hardware.device)
-            if args.multirun or cfg.get("hydra", {}).get("mode") == "MULTIRUN":
-                _create_store(settings.tracking)
+                out += self.parser.parse_overrides([word])
+            except (HydraException, ValueError) as err:  # ValueError: an int of more than 4300 digits
+                lines = [ln for ln in str(err).splitlines() if ln.strip() and not ln.startswith(("Error parsing", "See "))]
+                detail = lines[0].split(" expecting ")[0] if lines else "syntax error"
+                if "Exceeds the limit" in detail:
+                    detail = "a number of more than 4300 digits"
+                elif not word.isascii():
+                    detail = "Hydra reads unquoted keys and values in ASCII only: quote a value, key='value'"
+                raise AmpganError(f"{word}: not an override Hydra can read ({detail}); the form is key=value, "
+                                  "see https://hydra.cc/docs/advanced/override_grammar/basic") from None
+        return out
 
+    def _check_group_choice(self, ov: Override) -> None:
+        """`amp=o9`, `+experiment=nope`: name the options (and the closest) before composing."""
+        group = ov.key_or_group
+        if not group:
+            raise AmpganError(f"{ov.input_line}: the override names no key (the form is key=value)")
+        options = _conf_options(group)
+        if ov.is_hydra_override() or ov.is_delete() or not options or ov.package is not None:
+            return
+        if ov.is_interval_sweep():
+            raise AmpganError(f"{ov.input_line}: a config group takes option names, not an interval")
+        values = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.get_value_element_as_str()]
+        for value in values:
+            if value not in options and value != "null":
+                raise AmpganError(f"{ov.get_key_element()}={value}: no such option{closest(value, options)} "
+                                  f"(choose from: {', '.join(options)})")
 
-def _create_store(tracking) -> None:
-    """Parallel sweep jobs racing to create a fresh sqlite store fail: create it here, once."""
-    if tracking.backend == "mlflow" and tracking.uri.startswith("sqlite:///"):
-        from ampgan.tracking import MlflowTracker
+    # ------------------------------------------------------------ the sweep, as Hydra will run it
+    def sweep_dims(self, primary: DictConfig) -> list[_Dim]:
+        """Hydra's BasicSweeper: the sweeper's params first, then the command line; one key, one dimension."""
+        sweeper = primary.hydra.sweeper
+        params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
+        words = params + list(primary.hydra.overrides.task)
+        search = str(sweeper.get("_target_", "")).startswith(SEARCH_SWEEPERS)
+        dims: OrderedDict[str, _Dim] = OrderedDict()
+        for ov in self._parse(words):
+            self._check_group_choice(ov)
+            key = ov.get_key_element()
+            if ov.is_interval_sweep():
+                if not search:
+                    raise AmpganError(f"{ov.input_line}: interval() needs a search sweeper such as Optuna "
+                                      "(hydra/sweeper=optuna); the basic sweeper takes a,b lists, range() and glob()")
+                value = ov.value()
+                dims[key] = _Dim(key, [str(value.start), str(value.end)])  # its end points
+            elif ov.is_sweep_override():
+                values = list(itertools.islice(ov.sweep_string_iterator(), MAX_JOBS + 1))
+                if not values:
+                    raise AmpganError(f"{ov.input_line}: the sweep has no values")
+                if len(values) > MAX_JOBS:
+                    raise AmpganError(f"{ov.input_line}: more than {MAX_JOBS:,} values: narrow it")
+                dims[key] = _Dim(key, values)
+            else:
+                dims[key] = _Dim(key, [ov.get_value_element_as_str()])
+        return list(dims.values())
 
-        MlflowTracker(tracking.uri, tracking.experiment)
+    def jobs_to_check(self) -> list[tuple[int, ...]]:
+        """Every combination of the dimensions that can interact, for each group and each cross-group check."""
+        scopes = [self._dims_touching(fields=None, group=g) for g in self.root_keys]
+        scopes += [self._dims_touching(fields=c.reads) for c in COMBINATIONS]
+        if self.extra is not None:  # what the caller's check reads is unknown: every job
+            scopes.append(list(range(len(self.dims))))
+        sizes = [self._product(scope) for scope in scopes]
+        if sum(sizes) > MAX_CHECKS:
+            worst = scopes[sizes.index(max(sizes))]
+            raise AmpganError(f"checking this sweep means composing {sum(sizes):,} jobs (more than {MAX_CHECKS:,}) "
+                              f"because {', '.join(self.dims[i].key for i in worst)} can interact: narrow it")
+        seen: dict[tuple[int, ...], None] = {}
+        for scope in scopes:
+            for values in itertools.product(*(range(len(self.dims[i].values)) for i in scope)):
+                job = [0] * len(self.dims)
+                for i, v in zip(scope, values):
+                    job[i] = v
+                seen.setdefault(tuple(job))
+        return list(seen)
 
+    def _product(self, scope: list[int]) -> int:
+        n = 1
+        for i in scope:
+            n *= len(self.dims[i].values)
+        return n
 
-def _explain(err: BaseException, config_name: str, combo: list[str]) -> str:
-    """Name the keys that exist where an override asked for one that does not."""
-    match = re.match(r"Could not override '([^']+)'", str(err))
-    if not match:
+    def _dims_touching(self, fields: tuple[str, ...] | None, group: str | None = None) -> list[int]:
+        """Indices of the dimensions that can change `group`'s node, or any of `fields` ("data.name")."""
+        wanted = [(group, None)] if fields is None else [tuple(f.split(".", 1)) for f in fields]
+        out = []
+        for i, dim in enumerate(self.dims):
+            if len(dim.values) < 2:
+                continue
+            touched = self._touched(dim)
+            for g, leaf in wanted:
+                hit = EVERYTHING in touched or any(t in touched for t in self._sources(g))
+                if hit and leaf is not None and touched == {g}:  # a key inside the group: this field?
+                    name = dim.name
+                    hit = (name == g or "/" in name or name == f"{g}.{leaf}"
+                           or name.startswith((f"{g}.{leaf}.", f"{g}.{leaf}[")))
+                if hit:
+                    out.append(i)
+                    break
+        return out
+
+    def _touched(self, dim: _Dim) -> set[str]:
+        """The top-level nodes a dimension can change (EVERYTHING for presets and interpolations)."""
+        if "@" in dim.name or any("${" in v for v in dim.values):
+            return {EVERYTHING}
+        top = re.split(r"[./]", dim.name, maxsplit=1)[0]
+        return {top} if top in self.root_keys else {EVERYTHING}
+
+    def _sources(self, group: str) -> set[str]:
+        """`group` and every group interpolated into it (`run_name: ${amp.level}`), transitively."""
+        out, todo = set(), [group]
+        while todo:
+            g = todo.pop()
+            if g not in out:
+                out.add(g)
+                todo.extend(self.interpolated.get(g, ()))
+        return out
+
+    @cached_property
+    def root_keys(self) -> list[str]:
+        """The top-level nodes of the root config without any task override."""
+        return [k for k in self._base(()).keys()]
+
+    @cached_property
+    def interpolated(self) -> dict[str, set[str]]:
+        """group -> groups its values interpolate, read from every YAML file in conf/."""
+        deps: dict[str, set[str]] = {}
+        for path in CONF_DIR.rglob("*.yaml"):
+            rel = path.relative_to(CONF_DIR)
+            if rel.parts[0] == "hydra":
+                continue
+            text = path.read_text()
+            if "${" not in text:
+                continue
+            is_global = "@package _global_" in text or len(rel.parts) == 1
+            for dotted, value in _leaves(OmegaConf.to_container(OmegaConf.load(path), resolve=False)):
+                if not isinstance(value, str):
+                    continue
+                owner = dotted.split(".")[0] if is_global else rel.parts[0]
+                for ref in re.findall(r"\$\{([^}]*)\}", value):
+                    if ":" in ref:  # a resolver such as ${ampgan_outputs:}
+                        continue
+                    target = owner if ref.startswith(".") else ref.split(".")[0].split("[")[0]
+                    if target != owner:
+                        deps.setdefault(owner, set()).add(target)
+        return deps
+
+    # ------------------------------------------------------------ one job
+    def _validate_job(self, job: tuple[int, ...]) -> Settings:
+        words = [dim.override(i) for dim, i in zip(self.dims, job)]
+        structural = tuple(w for w, dim in zip(words, self.dims) if self._is_structural(dim))
+        cfg = copy.deepcopy(self._base(structural))
+        leaves = [self._parsed(w) for w, dim in zip(words, self.dims) if not self._is_structural(dim)]
+        try:
+            ConfigLoaderImpl._apply_overrides_to_config(leaves, cfg)
+        except (HydraException, OmegaConfBaseException) as err:
+            raise AmpganError(self._explain(err, list(structural) + [o.input_line for o in leaves])) from None
+        return self._check_cfg(cfg, [dim.override(i) for dim, i in zip(self.dims, job) if len(dim.values) > 1])
+
+    def _check_cfg(self, cfg: DictConfig, swept: list[str]) -> Settings:
+        """Validate one composed job; `swept` (its sweep's values) goes into the message."""
+        try:
+            self._check_top_keys(cfg)
+            settings = validate(cfg, self.built)
+            if settings.hardware.device not in self.devices and not self.remote:
+                if settings.hardware.device != "CPU":
+                    from ampgan.hardware import check_device  # imports MindSpore: only for GPU / Ascend
+
+                    check_device(settings.hardware.device)
+                self.devices.add(settings.hardware.device)
+            if self.extra is not None:
+                self.extra(cfg)
+        except AmpganError as err:
+            where = f" (in the sweep's job {' '.join(swept)})" if swept else ""
+            raise AmpganError(f"{err}{where}") from None
+        return settings
+
+    def _is_structural(self, dim: _Dim) -> bool:
+        """A key that changes the defaults list (a config group): the job must be composed with it."""
+        return dim.name.split("@")[0] in self._groups or "/" in dim.name
+
+    @cached_property
+    def _groups(self) -> set[str]:
+        return {p.name for p in CONF_DIR.iterdir() if p.is_dir()}
+
+    def _parsed(self, word: str) -> Override:
+        if word not in self.parsed:
+            self.parsed[word] = self._parse([word])[0]
+        return self.parsed[word]
+
+    def _base(self, structural: tuple[str, ...]) -> DictConfig:
+        """The job composed from the group choices alone (cached); key overrides go on top of a copy."""
+        if structural not in self.bases:
+            cfg = self._compose(self.hydra_overrides + list(structural), RunMode.RUN)
+            with open_dict(cfg):
+                del cfg["hydra"]
+            self.bases[structural] = cfg
+        return self.bases[structural]
+
+    def _compose(self, words: list[str], mode: RunMode) -> DictConfig:
+        try:
+            return self.hydra.compose_config(config_name=self.config_name, overrides=words, run_mode=mode,
+                                             with_log_configuration=False)
+        except (HydraException, OmegaConfBaseException, ValueError) as err:
+            raise AmpganError(self._explain(err, words)) from None
+
+    def _check_top_keys(self, cfg: DictConfig) -> None:
+        """`+foo=1` adds a top-level key nothing reads: refuse it like any unknown key."""
+        if set(cfg.keys()) <= set(GROUPS):
+            return
+        for key in cfg.keys():
+            if key not in self.root_keys:
+                raise AmpganError(f"{key}: no group or key '{key}' at the top level{closest(str(key), self.root_keys)} "
+                                  f"(top level: {', '.join(self.root_keys)})")
+
+    # ------------------------------------------------------------ what the jobs share
+    def _check_across_jobs(self, primary: DictConfig, settings: list[Settings]) -> None:
+        threads = sorted({s.hardware.threads for s in settings})
+        launcher = str(primary.hydra.launcher.get("_target_", ""))
+        if len(threads) > 1 and "submitit" not in launcher:
+            raise AmpganError(
+                f"hardware.threads takes {len(threads)} values ({', '.join(map(str, threads))}) in one sweep, but this "
+                "launcher runs several jobs in one process and MindSpore fixes a process's CPU thread count at "
+                "its first job: run one sweep per thread count")
+        if "SlurmLauncher" in launcher and any(s.tracking.backend == "mlflow" and s.tracking.uri.startswith("sqlite:")
+                                               for s in settings):
+            raise AmpganError("hydra/launcher=slurm: cluster jobs log to a tracking server, not to a sqlite file "
+                              "(unsafe with many writers on a shared file system): add tracking.uri=http://HOST:PORT "
+                              "(`make server` starts one)")
+        resumed = {s.trainer.resume for s in settings if s.trainer.resume}
+        if resumed and self.jobs > len({s.trainer.resume for s in settings}):
+            raise AmpganError(f"trainer.resume={sorted(resumed)[0]}: several jobs of this {self.jobs}-job sweep "
+                              "would resume the same run; sweep trainer.resume alone (one run per job)")
+
+    def _create_stores(self, settings: list[Settings]) -> None:
+        """Parallel sweep jobs racing to create a fresh sqlite store fail: create each one here, once."""
+        stores = {(s.tracking.uri, s.tracking.experiment) for s in settings
+                  if s.tracking.backend == "mlflow" and s.tracking.uri.startswith("sqlite:///")}
+        if stores:
+            from ampgan.tracking import default_artifact_root, ensure_experiment, make_client
+
+            for uri, experiment in sorted(stores):
+                ensure_experiment(make_client(uri), experiment, default_artifact_root(uri))
+
+    # ------------------------------------------------------------ Hydra's errors, in one line
+    def _explain(self, err: BaseException, words: list[str]) -> str:
+        text = str(err)
+        if isinstance(err, MissingConfigException) and err.options is not None:
+            missing = (err.missing_cfg_file or "").rsplit("/", 1)
+            option = missing[-1]
+            group = missing[0] if len(missing) > 1 else ""
+            options = [o for o in err.options]
+            return (f"{group}={option}: no such option{closest(option, options)} "
+                    f"(choose from: {', '.join(options)})")
+        if text.startswith("Ambiguous value for argument"):
+            word = re.search(r"'([^']*)'", text).group(1)
+            return (f"{word}: several values make a sweep, which needs --multirun (-m); "
+                    "for a list write key=[a,b], for a string quote it: key='a,b'")
+        match = re.match(r"Sweep parameters '([^']*)' requires --multirun", text)
+        if match:
+            return f"{match.group(1)}: a sweep needs --multirun (-m)"
+        match = re.match(r"Could not override '([^']+)'\. No match in the defaults list", text)
+        if match:
+            key = match.group(1)
+            return f"{key}: '{key}' is not in the defaults list: add it with +{key}=..."
+        cause = err.__cause__
+        missing_key = re.match(r"Key '([^']+)' (not in|is not in struct)", str(cause or ""))
+        full_key = getattr(cause, "full_key", None)
+        if missing_key and full_key:
+            parent, _, leaf = str(full_key).rpartition(".")
+            known = self._known_keys(parent, words)
+            where = f" in {parent}" if parent else " at the top level"
+            word = next((w for w in words if w.lstrip("+~").split("=")[0] == full_key), full_key)
+            return f"{word}: no key '{leaf}'{where}{closest(leaf, known)}" + (
+                f" (keys: {', '.join(known)})" if known and not closest(leaf, known) else "")
+        match = re.match(r"Error merging override (.*)", text)
+        if match and cause is not None:
+            return f"{match.group(1)}: {str(cause).splitlines()[0]}"
         return _first_line(err)
-    key = match.group(1)
-    parent, _, leaf = key.rpartition(".")
-    rest = [o for o in combo if not o.lstrip("+").startswith(key + "=")]
-    try:
-        node = compose(config_name=config_name, overrides=rest)
+
+    def _known_keys(self, parent: str, words: list[str]) -> list[str]:
+        """The keys under `parent` in the composed job (groups included at the top level)."""
+        structural = tuple(w for w in words if not w.lstrip("+~").startswith("hydra")
+                           and self._is_structural(_Dim(w.split("=")[0], [])))
+        try:
+            node = self._base(structural)
+        except AmpganError:
+            node = self._base(())
         node = OmegaConf.select(node, parent) if parent else node
-        known = ", ".join(sorted(node.keys())) if isinstance(node, DictConfig) else ""
-    except (HydraException, OmegaConfBaseException):
-        known = ""
-    where = f" in {parent}" if parent else ""
-    return f"{key}: no key '{leaf}'{where}" + (f" (keys: {known})" if known else "")
+        keys = sorted(str(k) for k in node.keys()) if isinstance(node, DictConfig) else []
+        if not parent:
+            keys = sorted(set(keys) | set(self._groups) - {"hydra"})
+        return keys
 
 
-def run_checked(main) -> None:
-    """Pre-check sys.argv, then hand over to the `@hydra.main` function `main`."""
-    try:
-        check(sys.argv[1:])
-    except AmpganError as err:
-        print(f"ampgan: error: {err}", file=sys.stderr)
-        sys.exit(2)
-    main()
+def _leaves(node, prefix: str = ""):
+    """(dotted key, value) of every leaf of a plain dict / list tree."""
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else None
+    if items is None:
+        yield prefix, node
+        return
+    for key, child in items:
+        yield from _leaves(child, f"{prefix}.{key}" if prefix else str(key))

@@ -13,78 +13,12 @@ gets its own instance; `prefix` keeps Parameter names unique within one graph.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, ops
 
-from ampgan import require
-
-
-# ---------------------------------------------------------------- configs
-@dataclass
-class NoneScalerConfig:
-    name: str = "none"
-    skip_nonfinite: bool = False  # FP32 baseline: let a NaN show, as plain training would
-
-
-@dataclass
-class StaticScalerConfig:
-    name: str = "static"
-    init_scale: float = 1024.0
-    skip_nonfinite: bool = True
-
-    def __post_init__(self) -> None:
-        require(0 < self.init_scale < float("inf"), f"scaler.init_scale must be a finite number > 0, got {self.init_scale}")
-
-
-@dataclass
-class DynamicScalerConfig:
-    name: str = "dynamic"
-    init_scale: float = 2.0**16
-    factor: int = 2
-    window: int = 1000
-
-    def __post_init__(self) -> None:
-        require(1 <= self.init_scale < float("inf"), f"scaler.init_scale must be a finite number >= 1, got {self.init_scale}")
-        require(self.factor >= 2, f"scaler.factor must be an integer >= 2, got {self.factor}")
-        require(self.window >= 1, f"scaler.window must be >= 1, got {self.window}")
-
-
-@dataclass
-class UnderflowAwareScalerConfig(DynamicScalerConfig):
-    name: str = "underflow_aware"
-    underflow_threshold: float = 0.01  # raise early above this fraction of nonzero grads in fp16's subnormal range
-    headroom_margin: float = 8.0       # keep max|scaled g| * factor * margin below float16's max (65504)
-    history: int = 16                  # steps of max|g| history for the headroom estimate
-    min_interval: int = 2              # steps between two early raises
-    probation: int = 5                 # an overflow within this many steps after an early raise counts against it
-    cooldown: int = 200                # ...and pauses early raises for exactly this many steps
-    max_scale: float = 2.0**24         # ceiling for early raises (window growth keeps dynamic's rule)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(0 < self.underflow_threshold < 1,
-                 f"scaler.underflow_threshold must lie in (0, 1), got {self.underflow_threshold}")
-        require(self.headroom_margin >= 1, f"scaler.headroom_margin must be >= 1, got {self.headroom_margin}")
-        for key in ("history", "min_interval", "probation"):
-            require(getattr(self, key) >= 1, f"scaler.{key} must be >= 1, got {getattr(self, key)}")
-        require(self.cooldown >= 0, f"scaler.cooldown must be >= 0, got {self.cooldown}")
-        require(self.max_scale >= self.init_scale,
-                 f"scaler.max_scale ({self.max_scale}) must be >= scaler.init_scale ({self.init_scale})")
-
-
-@dataclass
-class FixedClipScalerConfig:
-    name: str = "fixed_clip"
-    init_scale: float = 1024.0
-    clip_norm: float = 1.0          # clip the unscaled gradients to this global L2 norm
-    skip_nonfinite: bool = True     # false: apply the step with non-finite elements zeroed
-
-    def __post_init__(self) -> None:
-        require(0 < self.init_scale < float("inf"), f"scaler.init_scale must be a finite number > 0, got {self.init_scale}")
-        require(0 < self.clip_norm < float("inf"), f"scaler.clip_norm must be a finite number > 0, got {self.clip_norm}")
+from ampgan.amp.scaler_config import (DynamicScalerConfig, FixedClipScalerConfig, NoneScalerConfig,
+                                      StaticScalerConfig, UnderflowAwareScalerConfig)
 
 
 # ---------------------------------------------------------------- scalers
@@ -93,7 +27,6 @@ class NoOpScaler:
     """Scale 1, nothing to adjust. Non-finite steps are applied unless `skip_nonfinite`."""
 
     config = NoneScalerConfig
-    needs_health = False
     needs_norm = False  # True: clip() reads the global gradient norm
 
     def __init__(self, cfg, prefix: str):
@@ -193,7 +126,6 @@ class UnderflowAwareScaler(DynamicScaler):
     """
 
     config = UnderflowAwareScalerConfig
-    needs_health = True
 
     def __init__(self, cfg, prefix: str):
         super().__init__(cfg, prefix)

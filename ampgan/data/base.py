@@ -28,13 +28,23 @@ class Dataset:
         return self.x_train.ndim == 4
 
 
+def held_out(n: int, test_fraction: float) -> int:
+    """How many of a class's `n` samples go to the test split (at least one)."""
+    return max(1, round(n * test_fraction))
+
+
+def train_count(class_counts, test_fraction: float) -> int:
+    """Training-split size of a set with these class counts, as `split` cuts it."""
+    return int(sum(int(n) - held_out(int(n), test_fraction) for n in class_counts if n > 0))
+
+
 def split(x: np.ndarray, y: np.ndarray, test_fraction: float, rng: np.random.Generator):
     """Shuffle with `rng` and cut off the test part; every class keeps its share (stratified)."""
     test_idx = []
     for label in np.unique(y):
         idx = np.flatnonzero(y == label)
         rng.shuffle(idx)
-        test_idx.append(idx[: max(1, round(len(idx) * test_fraction))])
+        test_idx.append(idx[: held_out(len(idx), test_fraction)])
     test = np.zeros(len(y), dtype=bool)
     test[np.concatenate(test_idx)] = True
     train_idx, test_idx = np.flatnonzero(~test), np.flatnonzero(test)
@@ -60,3 +70,12 @@ class Batches:
         idx = self._order[self._pos : self._pos + self.batch_size]
         self._pos += self.batch_size
         return self.x[idx], self.y[idx]
+
+    def state(self) -> dict:
+        """The sampler's position (RNG, epoch order, offset) as JSON-able values, for checkpoints."""
+        return {"rng": self.rng.bit_generator.state, "order": self._order.tolist(), "pos": self._pos}
+
+    def load_state(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["rng"]
+        self._order = np.asarray(state["order"], dtype=np.int64)
+        self._pos = int(state["pos"])

@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
-from ampgan.data.base import Dataset, split
+from ampgan.data.base import Dataset, split, train_count
+
+# Images per class (0..9) in scikit-learn's digits: the split's size without loading them.
+CLASS_COUNTS = (178, 182, 177, 183, 181, 182, 181, 179, 174, 180)
+
+
+def train_size(cfg) -> int:
+    return train_count(CLASS_COUNTS, cfg.test_fraction)
 
 
 def load_digits_dataset(cfg) -> Dataset:

@@ -4,13 +4,33 @@ from __future__ import annotations
 
 import numpy as np
 
-from ampgan.data.base import Dataset, split
+from ampgan.data.base import Dataset, split, train_count
+
+MODES = {"gaussians8": 8, "gaussians25": 25}
+
+
+def n_points(cfg) -> int:
+    """Points generated in all: `n_train` is the training share of them."""
+    return int(cfg.n_train / (1 - cfg.test_fraction))
+
+
+def _labels(cfg, n_modes: int, rng: np.random.Generator) -> np.ndarray:
+    """The mode of every point: the first draw from the set's RNG."""
+    return rng.integers(0, n_modes, size=n_points(cfg)).astype(np.int32)
+
+
+def train_size(cfg) -> int:
+    """Training-split size of a toy set, from its labels alone (no points are generated)."""
+    if cfg.name in MODES:
+        labels = _labels(cfg, MODES[cfg.name], np.random.default_rng(cfg.seed))
+        return train_count(np.bincount(labels), cfg.test_fraction)
+    return train_count([n_points(cfg)], cfg.test_fraction)  # swissroll: one unlabelled class
 
 
 def _mixture(cfg, centres: np.ndarray, norm: float) -> Dataset:
     rng = np.random.default_rng(cfg.seed)
-    n = int(cfg.n_train / (1 - cfg.test_fraction))
-    labels = rng.integers(0, len(centres), size=n).astype(np.int32)
+    n = n_points(cfg)
+    labels = _labels(cfg, len(centres), rng)
     points = (centres[labels] + cfg.noise * rng.standard_normal((n, 2))) / norm
     x_train, y_train, x_test, y_test = split(points.astype(np.float32), labels, cfg.test_fraction, rng)
     return Dataset(
@@ -39,7 +59,7 @@ def swissroll(cfg) -> Dataset:
     from sklearn.datasets import make_swiss_roll
 
     rng = np.random.default_rng(cfg.seed)
-    n = int(cfg.n_train / (1 - cfg.test_fraction))
+    n = n_points(cfg)
     points, _ = make_swiss_roll(n, noise=cfg.noise, random_state=cfg.seed)
     points = (points[:, [0, 2]] / 7.5).astype(np.float32)
     labels = np.full(n, -1, dtype=np.int32)
