@@ -1,10 +1,11 @@
 """Build stage: turn validated settings into a task the trainer loop can drive.
 
 A task owns its nets, optimizers, scalers and compiled steps, and offers the loop:
-`train_step()` (launches the steps, does not wait), `metrics()` (fetches the pending step
-statuses, returns flat metrics), `layer_health()`, `nonfinite_run()`, `evaluate()`,
-`save_pictures(dir)` and `cells()` for checkpoints. `GanTask` and `ClassifierTask` share everything below
-that through `ampgan.steps.common`.
+`train_step(step)` (launches the steps, does not wait), `metrics()` (fetches the pending step
+statuses: (step, flat metrics) per net), `layer_health()`, `nonfinite_run()`, `evaluate()`,
+`eval_picture(dir, step)` (samples over training), `save_pictures(dir)`, and for checkpoints `state_parameters()`, `host_state()`,
+`load_host_state()`. `GanTask` and `ClassifierTask` share everything below that through
+`ampgan.steps.common`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from mindspore import mint
 
 from ampgan import plots
 from ampgan.amp.health import HEALTH_FIELDS, grad_health, no_health
-from ampgan.amp.policy import apply_amp, shared_fp32_twin
+from ampgan.amp.policy import apply_amp, check_keep_paths, shared_fp32_twin
 from ampgan.amp.scalers import build_scaler
 from ampgan.config import Settings
 from ampgan.data import Batches, Dataset
@@ -28,29 +29,37 @@ from ampgan.steps.common import Step
 from ampgan.steps.gan import build_gan_steps
 
 
+SAMPLES_OVER_TIME = "samples"   # run-folder subfolder of the pictures made at each evaluation
+
+
 class NetState:
     """Host-side bookkeeping for one optimised net: pending step statuses, cumulative counts.
 
     Steps are launched without waiting (`push`); `drain` fetches what is pending in one go,
     so the host does not stall MindSpore after every step, only at the logging cadence.
+    Only what the step measured is reported: no health fields when health was off, no
+    `grad_norm` when the norm was not computed.
     """
+
+    COUNTERS = ("skipped", "clipped", "steps", "nonfinite_run")
 
     def __init__(self, prefix: str, step: Step):
         self.prefix, self.step = prefix, step
         self.sizes = np.array([p.size for p in step.weights], dtype=np.float64)
-        self.pending: list = []
+        self.pending: list[tuple[int, ms.Tensor]] = []
         self.skipped = self.clipped = self.steps = 0
         self.nonfinite_run = 0          # consecutive steps whose loss was not finite
         self.last_health: np.ndarray | None = None
 
-    def push(self, packed_status) -> None:
-        self.pending.append(packed_status)
+    def push(self, step: int, packed_status) -> None:
+        self.pending.append((step, packed_status))
 
-    def drain(self) -> dict[str, float]:
-        """Metrics of the steps since the last drain (losses averaged; scale, health from the last)."""
+    def drain(self) -> tuple[int, dict[str, float]]:
+        """(last step, metrics) of the steps since the last drain: losses averaged; scale, health from the last."""
         if not self.pending:
-            return {}
-        statuses = [self.step.decode(t.asnumpy()) for t in self.pending]
+            return 0, {}
+        last_step = self.pending[-1][0]
+        statuses = [self.step.decode(t.asnumpy()) for _, t in self.pending]
         self.pending.clear()
         for s in statuses:
             finite_loss = all(np.isfinite(v) for v in s.losses.values())
@@ -59,46 +68,94 @@ class NetState:
         self.steps += len(statuses)
         self.skipped += sum(not s.applied for s in statuses)
         self.clipped += sum(s.clipped for s in statuses)
-        self.last_health = last.health
         p = self.prefix
         out = {f"{p}/{k}": float(np.mean([s.losses[k] for s in statuses])) for k in last.losses}
         out.update({
-            f"{p}/scale": last.scale, f"{p}/grad_norm": last.grad_norm,
-            f"{p}/skipped": float(self.skipped), f"{p}/finite": float(all(s.finite for s in statuses)),
-            f"{p}/clip_rate": self.clipped / self.steps,
+            f"{p}/scale": last.scale, f"{p}/skipped": float(self.skipped),
+            f"{p}/finite": float(all(s.finite for s in statuses)), f"{p}/clip_rate": self.clipped / self.steps,
         })
-        h = last.health
-        w = self.sizes / self.sizes.sum()
-        out[f"{p}/underflow"] = float(h[:, HEALTH_FIELDS.index("underflow")] @ w)
-        out[f"{p}/zero"] = float(h[:, HEALTH_FIELDS.index("zero")] @ w)
-        out[f"{p}/max_abs_scaled_grad"] = float(h[:, HEALTH_FIELDS.index("max_abs")].max())
-        out[f"{p}/nonfinite"] = float(h[:, HEALTH_FIELDS.index("nonfinite")].sum())
-        return out
+        if self.step.measures_norm:
+            out[f"{p}/grad_norm"] = last.grad_norm
+        if self.step.measures_health:
+            h = self.last_health = last.health
+            w = self.sizes / self.sizes.sum()
+            out[f"{p}/underflow"] = float(h[:, HEALTH_FIELDS.index("underflow")] @ w)
+            out[f"{p}/zero"] = float(h[:, HEALTH_FIELDS.index("zero")] @ w)
+            out[f"{p}/max_abs_scaled_grad"] = float(h[:, HEALTH_FIELDS.index("max_abs")].max())
+            out[f"{p}/nonfinite"] = float(h[:, HEALTH_FIELDS.index("nonfinite")].sum())
+        return last_step, out
 
     def layer_health(self) -> dict[str, float]:
-        """Per-parameter health of the last step, named `grad/<param>/<field>`."""
+        """Per-parameter health of the last drained step, named `grad/<param>/<field>` (empty if not measured)."""
         if self.last_health is None:
             return {}
         return {f"grad/{name}/{field}": float(v)
                 for name, row in zip(self.step.param_names, self.last_health)
                 for field, v in zip(HEALTH_FIELDS, row)}
 
+    def counters(self) -> dict[str, int]:
+        return {k: int(getattr(self, k)) for k in self.COUNTERS}
+
+    def load_counters(self, counters: dict[str, int]) -> None:
+        for k in self.COUNTERS:
+            setattr(self, k, int(counters[k]))
+
 
 class TaskBase:
-    """What the loop asks of every task beyond its own step: drained metrics, health, divergence."""
+    """What the loop asks of every task beyond its own step: drained metrics, health, divergence, state.
+
+    A subclass sets `optimizers` and `scalers` (name -> object) and `rngs` (name -> NumPy Generator
+    used while training) and implements `states()`; checkpoints then hold everything a run needs to
+    continue exactly: every Parameter of the nets, optimizers and scalers, the batch sampler's
+    position, the RNGs, the host-side counters.
+    """
+
+    optimizers: dict
+    scalers: dict
+    batches: Batches
+    rngs: dict[str, np.random.Generator]
 
     def states(self) -> list[NetState]:
         raise NotImplementedError
 
-    def metrics(self) -> dict[str, float]:
-        """Fetch the statuses of the steps since the last call; their metrics."""
-        return {k: v for state in self.states() for k, v in state.drain().items()}
+    def metrics(self) -> list[tuple[int, dict[str, float]]]:
+        """Fetch the statuses of the steps since the last call: (last step, metrics) per net."""
+        return [drained for state in self.states() if (drained := state.drain())[1]]
 
     def layer_health(self) -> dict[str, float]:
         return {k: v for state in self.states() for k, v in state.layer_health().items()}
 
     def nonfinite_run(self) -> int:
         return max(state.nonfinite_run for state in self.states())
+
+    def eval_picture(self, folder: Path, step: int) -> Path | None:
+        """The picture made at each evaluation (`samples/step-000250.png`); None: this task makes none."""
+        return None
+
+    def state_parameters(self) -> dict[str, ms.Parameter]:
+        """Every on-device state tensor, under a name unique across optimizers and scalers."""
+        out = {}
+        for group, opt in self.optimizers.items():
+            for _, param in opt.parameters_and_names():
+                out[f"{group}/{param.name}"] = param
+        for group, scaler in self.scalers.items():
+            for attr, value in sorted(vars(scaler).items()):
+                if isinstance(value, ms.Parameter):
+                    out[f"{group}/{attr}"] = value
+        return out
+
+    def host_state(self) -> dict:
+        """Host-side state as plain JSON-able values."""
+        return {"batches": self.batches.state(),
+                "rngs": {k: rng.bit_generator.state for k, rng in self.rngs.items()},
+                "counters": {s.prefix: s.counters() for s in self.states()}}
+
+    def load_host_state(self, state: dict) -> None:
+        self.batches.load_state(state["batches"])
+        for k, rng in self.rngs.items():
+            rng.bit_generator.state = state["rngs"][k]
+        for s in self.states():
+            s.load_counters(state["counters"][s.prefix])
 
 
 def _health_fn(s: Settings):
@@ -115,26 +172,33 @@ class GanTask(TaskBase):
         self.eval_samples, self.seed = s.trainer.eval_samples, s.trainer.seed
 
         def make_critic():
-            return Critic(shape, m.hidden, m.depth)
+            return Critic(shape, m.hidden, m.depth, gain=m.critic_gain, input_scale=m.critic_input_scale)
 
         self.gen = Generator(m.z_dim, shape, m.hidden, m.depth)
         self.gen.update_parameters_name("gen.")
         self.critic = make_critic()
         self.critic.update_parameters_name("critic.")
+        check_keep_paths({"gen": self.gen, "critic": self.critic}, s.amp.keep_fp32)
         twin = shared_fp32_twin(make_critic, self.critic) if s.amp.fp32_gradient_penalty else None
-        gen_amp = apply_amp(self.gen, s.amp.level, s.amp.keep_fp32)
-        critic_amp = apply_amp(self.critic, s.amp.level, s.amp.keep_fp32)
-        self.gen_amp = gen_amp
+        gen_amp = apply_amp(self.gen, s.amp.level, s.amp.keep_fp32, root="gen")
+        critic_amp = apply_amp(self.critic, s.amp.level, s.amp.keep_fp32, root="critic")
+        self.gen_amp, self.critic_amp = gen_amp, critic_amp
+        self.critic_gp = twin if twin is not None else critic_amp  # the net the penalty runs through
+        self.gp_lambda = m.gp_lambda
         opt_g = mint.optim.Adam(gen_amp.trainable_params(), lr=m.lr_g, betas=tuple(m.betas))
         opt_d = mint.optim.Adam(critic_amp.trainable_params(), lr=m.lr_d, betas=tuple(m.betas))
+        self.optimizers = {"gen.opt": opt_g, "critic.opt": opt_d}
+        self.scalers = {"gen.scaler": build_scaler(s.scaler, "gen.scaler"),
+                        "critic.scaler": build_scaler(s.scaler, "critic.scaler")}
         critic_step, gen_step = build_gan_steps(
             gen_amp, critic_amp, twin if twin is not None else critic_amp, opt_g, opt_d,
-            build_scaler(s.scaler, "gen.scaler"), build_scaler(s.scaler, "critic.scaler"),
+            self.scalers["gen.scaler"], self.scalers["critic.scaler"],
             m.gp_lambda, _health_fn(s), jit=s.hardware.jit)
         self.critic_state = NetState("critic", critic_step)
         self.gen_state = NetState("gen", gen_step)
         self.batches = Batches(data.x_train, data.y_train, s.trainer.batch_size, s.trainer.seed)
         self.rng = np.random.default_rng(s.trainer.seed + 1)
+        self.rngs = {"noise": self.rng}
         self.batch_size = s.trainer.batch_size
         self.alpha_shape = (self.batch_size,) + (1,) * len(shape)
 
@@ -144,12 +208,21 @@ class GanTask(TaskBase):
     def _z(self, n: int) -> ms.Tensor:
         return ms.Tensor(self.rng.standard_normal((n, self.z_dim)).astype(np.float32))
 
-    def train_step(self) -> None:
+    def step_inputs(self) -> list[tuple[str, tuple]]:
+        """One iteration's sub-steps and their inputs, drawn from the sampler and the noise RNG in
+        training order: n_critic ("critic", (real, z, alpha)), then ("gen", (z,))."""
+        out = []
         for _ in range(self.n_critic):
             real, _ = self.batches.next()
             alpha = self.rng.uniform(size=self.alpha_shape).astype(np.float32)
-            self.critic_state.push(self.critic_state.step.launch(ms.Tensor(real), self._z(self.batch_size), ms.Tensor(alpha)))
-        self.gen_state.push(self.gen_state.step.launch(self._z(self.batch_size)))
+            out.append(("critic", (ms.Tensor(real), self._z(self.batch_size), ms.Tensor(alpha))))
+        out.append(("gen", (self._z(self.batch_size),)))
+        return out
+
+    def train_step(self, step: int) -> None:
+        states = {"critic": self.critic_state, "gen": self.gen_state}
+        for net, inputs in self.step_inputs():
+            states[net].push(step, states[net].step.launch(*inputs))
 
     def generate(self, n: int, seed: int) -> np.ndarray:
         rng = np.random.default_rng(seed)
@@ -168,11 +241,26 @@ class GanTask(TaskBase):
             out.update({f"eval/{k}": v for k, v in cov.items()})
         return out
 
-    def save_pictures(self, folder: Path) -> list[Path]:
+    def samples_picture(self, path: Path, title: str = "") -> Path:
+        """Samples of a fixed noise (the same at every call): an image grid, or a scatter over the real points."""
         if self.data.is_image:
-            return [plots.image_grid(self.generate(64, seed=self.seed + 9), folder / "samples.png")]
+            return plots.image_grid(self.generate(64, seed=self.seed + 9), path)
         fake = self.generate(min(self.eval_samples, 2000), seed=self.seed + 9)
-        return [plots.scatter(self.data.x_test[:2000], fake, folder / "samples.png")]
+        return plots.scatter(self.data.x_test[:2000], fake, path, title=title)
+
+    def eval_picture(self, folder: Path, step: int) -> Path:
+        """Samples over training: one picture per evaluation, `samples/step-000250.png`."""
+        out = Path(folder) / SAMPLES_OVER_TIME
+        out.mkdir(parents=True, exist_ok=True)
+        return self.samples_picture(out / f"step-{step:06d}.png", title=f"step {step} (dark: real, orange: generated)")
+
+    def save_pictures(self, folder: Path) -> list[Path]:
+        """The final samples, and a strip of the pictures made at the evaluations (when there are several)."""
+        pictures = [self.samples_picture(Path(folder) / "samples.png")]
+        frames = sorted((Path(folder) / SAMPLES_OVER_TIME).glob("step-*.png"))
+        if len(frames) > 1:
+            pictures.append(plots.strip(frames, Path(folder) / "samples_strip.png"))
+        return pictures
 
     def cells(self) -> dict[str, ms.nn.Cell]:
         return {"generator": self.gen, "critic": self.critic}
@@ -184,11 +272,17 @@ class ClassifierTask(TaskBase):
 
     def __init__(self, s: Settings, data: Dataset):
         self.data = data
-        self.net = Classifier(data.sample_shape, data.n_classes, s.model.width)
+        self.net = Classifier(data.sample_shape, data.n_classes, s.model.width, s.model.logit_scale,
+                              s.model.norm_scale, s.model.feature_offset)
+        self.fp32_loss = s.amp.fp32_loss
+        check_keep_paths({"": self.net}, s.amp.keep_fp32)
         net_amp = apply_amp(self.net, s.amp.level, s.amp.keep_fp32)
         self.net_amp = net_amp
         opt = mint.optim.Adam(net_amp.trainable_params(), lr=s.model.lr, betas=tuple(s.model.betas))
-        step = build_classifier_step(net_amp, opt, build_scaler(s.scaler, "scaler"), _health_fn(s),
+        self.optimizers = {"opt": opt}
+        self.scalers = {"scaler": build_scaler(s.scaler, "scaler")}
+        self.rngs = {}
+        step = build_classifier_step(net_amp, opt, self.scalers["scaler"], _health_fn(s),
                                      fp32_loss=s.amp.fp32_loss, jit=s.hardware.jit)
         self.state = NetState("train", step)
         self.batches = Batches(data.x_train, data.y_train, s.trainer.batch_size, s.trainer.seed)
@@ -196,9 +290,14 @@ class ClassifierTask(TaskBase):
     def states(self) -> list[NetState]:
         return [self.state]
 
-    def train_step(self) -> None:
+    def step_inputs(self) -> list[tuple[str, tuple]]:
+        """One step's sub-steps and inputs: [("train", (x, y))], the sampler's next batch."""
         x, y = self.batches.next()
-        self.state.push(self.state.step.launch(ms.Tensor(x), ms.Tensor(y)))
+        return [("train", (ms.Tensor(x), ms.Tensor(y)))]
+
+    def train_step(self, step: int) -> None:
+        for _, inputs in self.step_inputs():
+            self.state.push(step, self.state.step.launch(*inputs))
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         self.net_amp.set_train(False)

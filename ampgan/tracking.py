@@ -9,8 +9,11 @@ buffered and sent with `log_batch`; `finish()` flushes them and sets the final s
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -21,10 +24,31 @@ from ampgan.config import outputs_dir
 
 log = logging.getLogger(__name__)
 
-MAX_PARAM_VALUE = 6000   # MLflow cuts longer param values
-MAX_KEY = 250            # longer keys raise
 BATCH_METRICS = 1000     # log_batch limits per request
 BATCH_PARAMS = 100
+JOURNAL = "metrics.jsonl"        # every metric, appended before it is sent
+JOURNAL_SENT = "metrics.sent"    # how many journal lines the store has confirmed
+RUN_RECORD = "tracking.json"     # where the run lives: store URI, experiment, run id
+RETRY_SECONDS = 10.0             # after a failed send, wait this long before trying again
+
+
+def mlflow_key(key: str) -> str:
+    """A key MLflow accepts (<= 250 chars); a longer one is cut and keeps a hash of the whole."""
+    from mlflow.utils.validation import MAX_ENTITY_KEY_LENGTH
+
+    if len(key) <= MAX_ENTITY_KEY_LENGTH:
+        return key
+    digest = hashlib.sha1(key.encode()).hexdigest()[:10]
+    return f"{key[: MAX_ENTITY_KEY_LENGTH - 12]}~{digest}"
+
+
+def mlflow_value(value: Any, limit: int) -> str:
+    """A param/tag value MLflow accepts: longer text is cut and says so (the full config is an artifact)."""
+    text = str(value)
+    if len(text) <= limit:
+        return text
+    marker = f"...[cut: {len(text)} chars]"
+    return text[: limit - len(marker)] + marker
 
 
 class NullTracker:
@@ -32,9 +56,10 @@ class NullTracker:
 
     run_id: str | None = None
 
-    def start(self, run_name: str, params: dict[str, Any], tags: dict[str, str]) -> None: ...
+    def start(self, run_name: str, params: dict[str, Any], tags: dict[str, str], resume_run_id: str | None = None) -> None: ...
     def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
     def log_artifact(self, path: Path, subdir: str | None = None) -> None: ...
+    def log_image(self, path: Path, key: str, step: int) -> None: ...
     def set_tags(self, tags: dict[str, str]) -> None: ...
     def finish(self, status: str = "FINISHED", error: str | None = None) -> None: ...
 
@@ -46,62 +71,224 @@ def default_artifact_root(uri: str) -> str | None:
     return None
 
 
-class MlflowTracker:
-    def __init__(self, uri: str, experiment: str, flush_every: int = 500):
-        from mlflow.tracking import MlflowClient
+def make_client(uri: str):
+    """An MlflowClient that fails fast on an unreachable server (the journal keeps what it could not send)."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    from mlflow.tracking import MlflowClient
 
-        if uri.startswith("sqlite:///"):
-            Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    if uri.startswith("sqlite:///"):
+        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    return MlflowClient(tracking_uri=uri)
+
+
+class Journal:
+    """Metrics appended to a local file before they are sent: a hard kill loses nothing written here.
+
+    One JSON line per metric: {"k": key, "v": value, "s": step, "t": ms timestamp}; a final
+    {"end": status, "error": ...} line records how the run ended. `metrics.sent` holds the number
+    of lines the store has confirmed, so `ampgan.sync` knows where to resume sending.
+    """
+
+    def __init__(self, folder: Path):
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path, self.sent_path = folder / JOURNAL, folder / JOURNAL_SENT
+        self.lines = sum(1 for _ in self.path.open()) if self.path.exists() else 0
+        self._file = self.path.open("a", encoding="utf-8")
+
+    def append(self, records: list[dict]) -> None:
+        self._file.write("".join(json.dumps(r, allow_nan=True) + "\n" for r in records))
+        self._file.flush()  # in the OS's hands: survives the process being killed
+        self.lines += len(records)
+
+    def mark_sent(self, lines: int) -> None:
+        write_atomic(self.sent_path, str(lines))
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_journal(folder: Path) -> tuple[list[dict], int]:
+    """(all records, number confirmed sent) of a run folder's journal."""
+    path, sent = folder / JOURNAL, folder / JOURNAL_SENT
+    records = []
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut by a hard kill
+                break
+    return records, int(sent.read_text()) if sent.exists() else 0
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class MlflowTracker:
+    """Talks to one MLflow store with an explicit run id; journals metrics when given a run folder.
+
+    A failed send (server unreachable) does not stop training: metrics stay buffered and in the
+    journal, the run is tagged `ampgan.tracking_gap`, and sending resumes when the store answers.
+    """
+
+    def __init__(self, uri: str, experiment: str, flush_every: int = 500, run_dir: Path | None = None,
+                 heartbeat_seconds: float = 30.0):
         self.uri = uri
-        self.client = MlflowClient(tracking_uri=uri)
+        self.client = make_client(uri)
+        self.experiment_name = experiment
         self.experiment_id = ensure_experiment(self.client, experiment, default_artifact_root(uri))
         self.flush_every = flush_every
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.heartbeat_seconds = heartbeat_seconds
         self.run_id: str | None = None
         self._buffer: list = []
+        self._journal: Journal | None = None
+        self._skip: dict[str, int] = {}      # key -> last step already in the store (a resumed run)
+        self._offline_since: float | None = None
+        self._last_beat = 0.0
 
-    def start(self, run_name: str, params: dict[str, Any], tags: dict[str, str]) -> None:
-        from mlflow.entities import Param
+    def start(self, run_name: str, params: dict[str, Any], tags: dict[str, str], resume_run_id: str | None = None) -> None:
+        """Create the run (or reopen `resume_run_id`), record where it lives, log params and tags."""
+        from mlflow.entities import Param, RunTag
+        from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH
 
-        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
-        self.run_id = run.info.run_id
-        items = [Param(k[:MAX_KEY], str(v)[:MAX_PARAM_VALUE]) for k, v in params.items()]
-        for i in range(0, len(items), BATCH_PARAMS):
-            self.client.log_batch(self.run_id, params=items[i : i + BATCH_PARAMS])
+        liveness = {"ampgan.host": socket.gethostname(), "ampgan.pid": str(os.getpid()),
+                    "ampgan.pid_started": f"{_process_started():.3f}",
+                    "ampgan.heartbeat_seconds": str(self.heartbeat_seconds), "ampgan.heartbeat": _now_iso()}
+        if resume_run_id:
+            self.run_id = resume_run_id
+            self.client.update_run(resume_run_id, status="RUNNING")
+            params = {}  # recorded when the run began; re-logging a param with another value raises
+        else:
+            self.run_id = self.client.create_run(self.experiment_id, run_name=run_name).info.run_id
+        if self.run_dir is not None:
+            write_atomic(self.run_dir / RUN_RECORD, json.dumps(
+                {"uri": self.uri, "experiment": self.experiment_name, "run_id": self.run_id}))
+            self._journal = Journal(self.run_dir)
+            if resume_run_id:
+                self._skip = last_steps(read_journal(self.run_dir)[0])
+        items = [Param(mlflow_key(k), mlflow_value(v, MAX_PARAM_VAL_LENGTH)) for k, v in params.items()]
+        tag_items = [RunTag(mlflow_key(k), mlflow_value(v, MAX_TAG_VAL_LENGTH)) for k, v in {**tags, **liveness}.items()]
+        for i in range(0, max(len(items), len(tag_items)), BATCH_PARAMS):
+            self.client.log_batch(self.run_id, params=items[i : i + BATCH_PARAMS], tags=tag_items[i : i + BATCH_PARAMS])
+        self._last_beat = time.monotonic()
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self._buffer.extend(Metric(k[:MAX_KEY], float(v), now, step) for k, v in metrics.items())
+        fresh = {mlflow_key(k): float(v) for k, v in metrics.items() if step > self._skip.get(mlflow_key(k), -1)}
+        if not fresh:
+            return
+        if self._journal is not None:
+            self._journal.append([{"k": k, "v": v, "s": step, "t": now} for k, v in fresh.items()])
+        self._buffer.extend(Metric(k, v, now, step) for k, v in fresh.items())
         if len(self._buffer) >= self.flush_every:
-            self.flush()
+            self.flush(required=False)
+        if time.monotonic() - self._last_beat > self.heartbeat_seconds:
+            self.heartbeat()
 
-    def flush(self) -> None:
+    def heartbeat(self) -> None:
+        """Tell the store this process is alive (another host judges a lost run by this tag's age)."""
+        self._last_beat = time.monotonic()
+        self._try(lambda: self.client.set_tag(self.run_id, "ampgan.heartbeat", _now_iso()))
+
+    def flush(self, required: bool = True) -> bool:
+        """Send what is buffered; True when the store has it all. An unreachable store is retried later."""
+        if not required and self._offline_since and time.monotonic() - self._offline_since < RETRY_SECONDS:
+            return False
         while self._buffer:
             chunk = self._buffer[:BATCH_METRICS]
-            self.client.log_batch(self.run_id, metrics=chunk)
+            if not self._try(lambda: self.client.log_batch(self.run_id, metrics=chunk)):
+                return False
             del self._buffer[: len(chunk)]
+        if self._journal is not None:
+            self._journal.mark_sent(self._journal.lines)
+        return True
+
+    def _try(self, send) -> bool:
+        try:
+            send()
+        except Exception as err:  # noqa: BLE001 - any transport or store error: keep training, keep the data
+            if self._offline_since is None:
+                log.warning(f"tracking store unreachable ({type(err).__name__}: {str(err).splitlines()[0][:200]}); "
+                            f"training goes on, metrics are kept in the run folder's journal")
+            self._offline_since = time.monotonic()
+            return False
+        if self._offline_since is not None:
+            self._offline_since = None
+            log.warning("tracking store reachable again; sending the metrics it missed")
+            self.client.set_tag(self.run_id, "ampgan.tracking_gap", "true")
+        return True
 
     def log_artifact(self, path: Path, subdir: str | None = None) -> None:
         if Path(path).is_dir():
-            self.client.log_artifacts(self.run_id, str(path), subdir)
+            self._try(lambda: self.client.log_artifacts(self.run_id, str(path), subdir))
         else:
-            self.client.log_artifact(self.run_id, str(path), subdir)
+            self._try(lambda: self.client.log_artifact(self.run_id, str(path), subdir))
+
+    def log_image(self, path: Path, key: str, step: int) -> None:
+        """One picture of a sequence (`key`, at `step`): MLflow's image view steps through them."""
+        from PIL import Image
+
+        with Image.open(path) as img:
+            picture = img.convert("RGB")
+        self._try(lambda: self.client.log_image(self.run_id, picture, key=key, step=step))
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        for k, v in tags.items():
-            self.client.set_tag(self.run_id, k, str(v)[:5000])
+        from mlflow.entities import RunTag
+        from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
+
+        items = [RunTag(mlflow_key(k), mlflow_value(v, MAX_TAG_VAL_LENGTH)) for k, v in tags.items()]
+        self._try(lambda: self.client.log_batch(self.run_id, tags=items))
 
     def finish(self, status: str = "FINISHED", error: str | None = None) -> None:
-        """Flush what is buffered, record the error, set the final status: never left RUNNING."""
+        """Flush, record the error, set the final status: never left RUNNING while the store answers.
+
+        If the store cannot be reached, the end is written to the journal and `python -m ampgan.sync`
+        (or the next run on this store) delivers it with the missing metrics.
+        """
         if self.run_id is None:
             return
-        try:
-            self.flush()
-            if error:
-                self.client.set_tag(self.run_id, "error", error[:5000])
-        finally:
-            self.client.set_terminated(self.run_id, status=status)
+        if self._journal is not None:
+            self._journal.append([{"end": status, "error": error}])
+        delivered = False
+        for attempt in range(3):
+            if self.flush() and (not error or self._try(lambda: self.client.set_tag(self.run_id, "error", error[:5000]))):
+                delivered = self._try(lambda: self.client.set_terminated(self.run_id, status=status))
+            if delivered:
+                break
+            time.sleep(2.0 * (attempt + 1))
+        if self._journal is not None:
+            if delivered:
+                self._journal.mark_sent(self._journal.lines)
+            self._journal.close()
+        if not delivered:
+            where = f" {self.run_dir}" if self.run_dir else ""
+            log.error(f"tracking store unreachable at the end of run {self.run_id}: "
+                      f"deliver the rest with `python -m ampgan.sync{where}`")
+
+
+def last_steps(records: list[dict]) -> dict[str, int]:
+    """Per metric key, the last step a journal holds."""
+    out: dict[str, int] = {}
+    for r in records:
+        if "k" in r:
+            out[r["k"]] = max(out.get(r["k"], -1), int(r["s"]))
+    return out
+
+
+def _now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _process_started(pid: int | None = None) -> float:
+    import psutil
+
+    return psutil.Process(pid or os.getpid()).create_time()
 
 
 def ensure_experiment(client, name: str, artifact_root: str | None) -> str:
@@ -117,11 +304,11 @@ def ensure_experiment(client, name: str, artifact_root: str | None) -> str:
         return exp.experiment_id
 
 
-def build_tracker(cfg):
-    """`cfg` is a validated TrackingConfig."""
+def build_tracker(cfg, run_dir: Path | None = None):
+    """`cfg` is a validated TrackingConfig; with `run_dir`, metrics are journaled there too."""
     if cfg.backend == "none":
         return NullTracker()
-    return MlflowTracker(cfg.uri, cfg.experiment, cfg.flush_every)
+    return MlflowTracker(cfg.uri, cfg.experiment, cfg.flush_every, run_dir, cfg.heartbeat_seconds)
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:

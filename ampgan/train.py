@@ -36,40 +36,150 @@ _PROCESS_START = _process_start()
 
 
 def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
-    """Validate, build, train, evaluate and track one run; return the task's objective metric."""
-    from ampgan import hardware
+    """Validate, build, train, evaluate and track one run; return the task's objective metric.
+
+    With `trainer.resume` (or `trainer.requeue` and a requeued run of the same job), the run
+    continues from its last full-state checkpoint, in its own folder and MLflow run.
+    """
+    from ampgan import checkpoint, hardware
     from ampgan.data import build_dataset
+    from ampgan.sync import end_lost_runs, sync_folder
     from ampgan.tasks import build_task
     from ampgan.tracking import build_tracker, flatten
-    from ampgan.trainer import fit, tracked_run
 
     startup = {"startup/imports_s": time.perf_counter() - _PROCESS_START}
     clock = time.perf_counter()
     settings = validate(cfg)
+    resume = _resume_point(settings)
+    if resume is not None:
+        cfg = _resumed_config(cfg, checkpoint.run_folder_of(resume))
+        settings = validate(cfg)
+        run_dir = checkpoint.run_folder_of(resume)
     hardware.setup(settings.hardware, settings.trainer.seed)
     data = build_dataset(settings.data)
     task = build_task(settings, data)
+    host = checkpoint.load(task, resume) if resume is not None else {}
     run_dir = Path(run_dir or _hydra_output_dir() or Path.cwd())
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     startup["startup/build_s"], clock = time.perf_counter() - clock, time.perf_counter()
 
-    tracker = build_tracker(settings.tracking)
+    tracker = build_tracker(settings.tracking, run_dir)
+    if settings.tracking.backend == "mlflow":
+        end_lost_runs(tracker.client, tracker.experiment_id)
+        if resume is not None:
+            sync_folder(run_dir, end=False)  # what a hard kill left in the journal reaches the store first
     params = flatten(OmegaConf.to_container(cfg, resolve=True))
-    with tracked_run(tracker, _run_name(settings), params, _tags(settings, run_dir)):
-        log.info(f"run {tracker.run_id or '(not tracked)'}: {_run_name(settings)} -> {run_dir}")
-        tracker.log_artifact(run_dir / "config.yaml")
-        if (run_dir / ".hydra").is_dir():
-            tracker.log_artifact(run_dir / ".hydra", ".hydra")
+    try:
+        return _tracked_fit(task, tracker, settings, run_dir, params, startup, clock, resume, host)
+    except KeyboardInterrupt:
+        if settings.trainer.requeue and tracker.run_id:  # the scheduler will start this job again
+            tracker.set_tags({"ampgan.requeue": "pending"})
+        raise
+
+
+def _tracked_fit(task, tracker, settings: Settings, run_dir: Path, params: dict, startup: dict, clock: float,
+                 resume: Path | None, host: dict) -> float:
+    from ampgan.trainer import fit, tracked_run
+
+    with tracked_run(tracker, _run_name(settings), params, _tags(settings, run_dir), host.get("run_id")):
+        if resume is not None:
+            log.info(f"resuming run {tracker.run_id} from step {host['step']} ({resume})")
+            tracker.set_tags({"ampgan.resumed_from_step": str(host["step"])})
+        else:
+            log.info(f"run {tracker.run_id or '(not tracked)'}: {_run_name(settings)} -> {run_dir}")
+            tracker.log_artifact(run_dir / "config.yaml")
+            if (run_dir / ".hydra").is_dir():
+                tracker.log_artifact(run_dir / ".hydra", ".hydra")
         startup["startup/store_s"] = time.perf_counter() - clock
         tracker.log_metrics(startup, 0)
         log.info("start-up: " + ", ".join(f"{k.split('/')[1][:-2]} {v:.2f}s" for k, v in startup.items()))
-        final = fit(task, tracker, settings.trainer, run_dir)
+        final = fit(task, tracker, settings.trainer, run_dir, host.get("step", 0))
     return final[task.objective]
 
 
+# settings a resumed run may change; every other one must be the run's own
+RESUME_MAY_CHANGE = ("trainer.resume", "trainer.requeue", "trainer.max_steps", "trainer.print_every",
+                     "trainer.print_seconds", "hardware.threads")
+
+
+def _resume_point(s: Settings) -> Path | None:
+    """The checkpoint set to continue from: `trainer.resume`, or a requeued run of the same job."""
+    from ampgan import checkpoint
+
+    if s.trainer.resume:
+        return checkpoint.locate(s.trainer.resume, s.tracking.uri if s.tracking.backend == "mlflow" else "")
+    if not (s.trainer.requeue and s.tracking.backend == "mlflow"):
+        return None
+    from ampgan.tracking import make_client
+
+    client = make_client(s.tracking.uri)
+    exp = client.get_experiment_by_name(s.tracking.experiment)
+    if exp is None:
+        return None
+    runs = client.search_runs([exp.experiment_id], f"tags.`ampgan.job_key` = '{_job_key()}' and "
+                              "tags.`ampgan.requeue` = 'pending'", order_by=["attributes.start_time DESC"], max_results=1)
+    if not runs or runs[0].info.status == "RUNNING":
+        return None
+    folder = Path(runs[0].data.tags.get("output_dir", ""))
+    found = checkpoint.latest(folder / "checkpoints") if folder.is_dir() else None
+    if found is not None:
+        log.info(f"trainer.requeue: continuing requeued run {runs[0].info.run_id}")
+    return found
+
+
+def _resumed_config(cfg: DictConfig, run_folder: Path) -> DictConfig:
+    """The run's own config; only the settings in RESUME_MAY_CHANGE may come from this command.
+
+    From the command line, only the overrides typed are compared with the run's settings (a
+    differing one is refused); a caller of `train()` composes the run's config plus the resume.
+    """
+    from ampgan import AmpganError
+    from ampgan.tracking import flatten
+
+    saved_path = run_folder / "config.yaml"
+    if not saved_path.exists():
+        raise AmpganError(f"trainer.resume: {run_folder} has no config.yaml (not an ampgan run folder)")
+    saved = OmegaConf.load(saved_path)
+    before = flatten(OmegaConf.to_container(saved, resolve=True))
+    now = flatten(OmegaConf.to_container(cfg, resolve=True))
+    typed = _typed_overrides()
+    if typed is None:
+        typed = {k: v for k, v in now.items() if k in before}
+    for key, value in typed.items():
+        if key in RESUME_MAY_CHANGE or key not in before or before[key] == value:
+            continue
+        raise AmpganError(f"trainer.resume: {key}={value} differs from the run's own {key}={before[key]}; "
+                          f"a resumed run keeps its settings (only {', '.join(RESUME_MAY_CHANGE[2:])} may change)")
+    merged = OmegaConf.merge(OmegaConf.to_container(cfg, resolve=True), saved)  # settings added since keep defaults
+    for key in RESUME_MAY_CHANGE:
+        if key in typed or key == "trainer.resume":
+            OmegaConf.update(merged, key, OmegaConf.select(cfg, key), force_add=True)
+    return merged
+
+
+def _typed_overrides() -> dict[str, object] | None:
+    """The command line's overrides as flat keys (a group choice as `<group>.name`); None outside Hydra."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if not HydraConfig.initialized():
+        return None
+    out: dict[str, object] = {}
+    for ov in OverridesParser.create().parse_overrides(list(HydraConfig.get().overrides.task)):
+        key = ov.key_or_group.lstrip("+~")
+        if key.startswith("hydra") or key.startswith("experiment"):
+            continue
+        value = ov.value()
+        out[key if "." in key else f"{key}.name"] = value
+    return out
+
+
 def _run_name(s: Settings) -> str:
-    return s.tracking.run_name or f"{s.model.name}-{s.data.name}-{s.amp.level.lower()}-{s.scaler.name}"
+    from ampgan.sweep_runs import job_run_name  # a sweep's job: what varies, e.g. o2-fixed_clip-clip_norm=2-seed0
+
+    return (s.tracking.run_name or job_run_name(s.amp.level, s.scaler.name, s.trainer.seed)
+            or f"{s.model.name}-{s.data.name}-{s.amp.level.lower()}-{s.scaler.name}")
 
 
 def _hydra_output_dir() -> Path | None:
@@ -90,7 +200,31 @@ def _tags(s: Settings, run_dir: Path) -> dict[str, str]:
             tags["sweep_dir"] = str(hc.sweep.dir)
             tags["job_num"] = str(hc.job.num)
             tags["overrides"] = ",".join(hc.overrides.task)
+            if s.tracking.backend == "mlflow":
+                from ampgan.sweep_runs import parent_tags  # the sweep's parent run: a nested run in the UI
+
+                tags.update(parent_tags(s.tracking.uri))
+    tags["ampgan.job_key"] = _job_key()
+    if s.trainer.requeue:
+        tags["ampgan.requeue"] = "armed"
     return tags
+
+
+def _job_key() -> str:
+    """A job's stable identity: its overrides, its sweep and (on SLURM) its job and array index."""
+    import hashlib
+    import json
+    import os
+
+    from hydra.core.hydra_config import HydraConfig
+
+    ident = {"slurm": os.environ.get("SLURM_JOB_ID", ""), "array": os.environ.get("SLURM_ARRAY_TASK_ID", "")}
+    if HydraConfig.initialized():
+        hc = HydraConfig.get()
+        ident["overrides"] = sorted(hc.overrides.task)
+        if hc.mode is not None and hc.mode.name == "MULTIRUN":
+            ident["sweep"] = str(hc.sweep.dir)
+    return hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _git_commit() -> str:
@@ -103,11 +237,17 @@ def _git_commit() -> str:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float:
+    from ampgan.trainer import exit_code
+
     try:
         return train(cfg)
     except AmpganError as err:
         print(f"ampgan: error: {err}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt as err:
+        print(f"ampgan: interrupted ({err or 'Ctrl-C'}): the run ended KILLED after a checkpoint; "
+              f"continue it with trainer.resume=<run id or run folder>", file=sys.stderr)
+        sys.exit(exit_code(err))
 
 
 if __name__ == "__main__":

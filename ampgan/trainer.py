@@ -1,76 +1,112 @@
 """The loop: train steps -> metrics to the tracker, periodic eval, checkpoints, one status line.
 
 The run's lifecycle is here too: whatever happens, the tracked run ends FINISHED, FAILED
-(the error recorded) or KILLED (Ctrl-C / SIGTERM), with every buffered metric flushed.
+(the error recorded) or KILLED (Ctrl-C / SIGTERM: the current step finishes, a checkpoint is
+written, every fetched status is logged), with every buffered metric flushed.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import mindspore as ms
+from ampgan import checkpoint
 
 log = logging.getLogger("ampgan")
 
 
-def fit(task, tracker, cfg, run_dir: Path) -> dict[str, float]:
-    """Train `task` for `cfg.max_steps` steps (`cfg` is a TrainerConfig); return the final metrics."""
-    last_step, outcome = run_steps(task, tracker, cfg, run_dir, range(1, cfg.max_steps + 1), Progress(cfg.max_steps))
-    return finish(task, tracker, run_dir, last_step, outcome)
+def fit(task, tracker, cfg, run_dir: Path, start_step: int = 0) -> dict[str, float]:
+    """Train `task` from `start_step` to `cfg.max_steps` (`cfg` is a TrainerConfig); the final metrics."""
+    progress = Progress(cfg.max_steps, start_step, cfg.print_every, cfg.print_seconds)
+    steps = range(start_step + 1, cfg.max_steps + 1)
+    last_step, outcome = run_steps(task, tracker, cfg, run_dir, steps, progress)
+    return finish(task, tracker, cfg, run_dir, last_step, outcome)
 
 
 def run_steps(task, tracker, cfg, run_dir: Path, steps: range, progress: Progress) -> tuple[int, str]:
     """The loop proper: step, log, report, evaluate, checkpoint; stop early when losses stay non-finite.
 
-    Steps run ahead of the host: statuses are fetched at the logging / printing cadence, so
-    divergence is noticed at that cadence too.
+    Steps run ahead of the host: statuses are fetched at the logging / printing / checkpoint
+    cadence (and on a stop request), and every fetched status is logged. Whatever ends the
+    loop (an error, a signal), the statuses still pending are fetched and logged.
     """
     step = steps.start - 1
-    for step in steps:
-        started = time.perf_counter()
-        task.train_step()  # launched; its status is fetched only when metrics are needed
-        log_now = step % cfg.log_every == 0 or step == 1
-        print_now = step % cfg.print_every == 0 or step == cfg.max_steps
-        layers_now = cfg.grad_health and cfg.layer_health_every and (step % cfg.layer_health_every == 0 or step == 1)
-        if log_now or print_now or layers_now:
-            metrics = task.metrics()
-            if step == 1:  # the first step compiles the graphs
-                tracker.log_metrics({"startup/first_step_s": time.perf_counter() - started}, 0)
-            if log_now:
-                tracker.log_metrics(metrics, step)
-            if layers_now:
-                tracker.log_metrics(task.layer_health(), step)
-            if print_now:
-                log.info(progress.line(step, metrics))
-            if task.nonfinite_run() >= cfg.max_nonfinite_steps:
-                log.warning(f"step {step}: losses non-finite for {task.nonfinite_run()} steps in a row; stopping (diverged)")
-                return step, "diverged"
-        if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
-            evaluation = task.evaluate()
-            tracker.log_metrics(evaluation, step)
-            log.info(f"eval at step {step}: {_fmt(evaluation)}")
-        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-            save_checkpoints(task, run_dir / "checkpoints")
-        STOP.check()
-    task.metrics()  # settle the counts of the last steps
+    try:
+        for step in steps:
+            started = time.perf_counter()
+            task.train_step(step)  # launched; its status is fetched only when metrics are needed
+            first = step == steps.start
+            log_now = step % cfg.log_every == 0 or first
+            print_now = progress.due(step) or first
+            layers_now = cfg.layer_health_every and (step % cfg.layer_health_every == 0 or step == 1)
+            save_now = bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0 and step < cfg.max_steps
+            if log_now or print_now or layers_now or save_now or STOP.requested:
+                metrics = log_pending(task, tracker)
+                if first:  # the first step compiles the graphs
+                    tracker.log_metrics({"startup/first_step_s": time.perf_counter() - started}, 0)
+                if layers_now:
+                    tracker.log_metrics(task.layer_health(), step)
+                if print_now:
+                    log.info(progress.line(step, metrics))
+                if task.nonfinite_run() >= cfg.max_nonfinite_steps:
+                    log.warning(f"step {step}: losses non-finite for {task.nonfinite_run()} steps in a row; stopping (diverged)")
+                    return step, "diverged"
+            if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
+                evaluation = task.evaluate()
+                tracker.log_metrics(evaluation, step)
+                log_eval_picture(task, tracker, run_dir, step)
+                log.info(f"eval at step {step}: {_fmt(evaluation)}")
+            if save_now or STOP.requested:
+                save_checkpoint(task, tracker, cfg, run_dir, step)
+            STOP.check()
+    finally:
+        try:
+            log_pending(task, tracker)
+        except Exception as err:  # noqa: BLE001 - a broken runtime must not hide the original error
+            log.warning(f"could not fetch the last step statuses: {type(err).__name__}: {err}")
     return step, "completed"
 
 
-def finish(task, tracker, run_dir: Path, step: int, outcome: str) -> dict[str, float]:
-    """Final evaluation, pictures and checkpoints, all handed to the tracker."""
+def log_pending(task, tracker) -> dict[str, float]:
+    """Fetch every pending step status and log it at its own step; the merged metrics (for the status line)."""
+    merged: dict[str, float] = {}
+    for step, metrics in task.metrics():
+        tracker.log_metrics(metrics, step)
+        merged.update(metrics)
+    return merged
+
+
+def log_eval_picture(task, tracker, run_dir: Path, step: int) -> None:
+    """The task's picture at an evaluation (samples over training): under `samples/steps/`, and as
+    the image sequence `samples` that MLflow's UI steps through."""
+    picture = task.eval_picture(Path(run_dir), step) if run_dir else None
+    if picture is not None:
+        tracker.log_artifact(picture, "samples/steps")
+        tracker.log_image(picture, "samples", step)
+
+
+def save_checkpoint(task, tracker, cfg, run_dir: Path, step: int) -> Path | None:
+    if not run_dir:
+        return None
+    return checkpoint.save(task, Path(run_dir) / "checkpoints", step, keep=cfg.keep_checkpoints,
+                           extra={"run_id": tracker.run_id})
+
+
+def finish(task, tracker, cfg, run_dir: Path, step: int, outcome: str) -> dict[str, float]:
+    """Final evaluation, pictures and a final checkpoint, all handed to the tracker."""
     final = {**task.evaluate(), "train/steps": float(step), "train/diverged": float(outcome == "diverged")}
     for state in task.states():
         final[f"{state.prefix}/skipped_total"] = float(state.skipped)
     tracker.log_metrics(final, step)
+    log_eval_picture(task, tracker, run_dir, step)
     for picture in task.save_pictures(run_dir):
         tracker.log_artifact(picture, "samples")
-    for ckpt in save_checkpoints(task, run_dir / "checkpoints"):
-        tracker.log_artifact(ckpt, "checkpoints")
+    saved = save_checkpoint(task, tracker, cfg, run_dir, step)
+    if saved is not None:
+        tracker.log_artifact(saved, "checkpoints")
     tracker.set_tags({"outcome": outcome})
     log.info(f"final: {_fmt(final)}")
     return final
@@ -80,27 +116,24 @@ def _fmt(metrics: dict[str, float]) -> str:
     return "  ".join(f"{k} {v:.4g}" for k, v in metrics.items())
 
 
-def save_checkpoints(task, folder: Path) -> list[Path]:
-    """One checkpoint per net, written to a temporary name and renamed: never half-written."""
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, cell in task.cells().items():
-        final, tmp = folder / f"{name}.ckpt", folder / f".{name}.partial.ckpt"
-        ms.save_checkpoint(cell, str(tmp))
-        os.replace(tmp, final)
-        paths.append(final)
-    return paths
-
-
 class Progress:
-    """One status line: step, main losses, loss scales, skipped steps, speed, time left."""
+    """One status line: step, main losses, loss scales, skipped steps, speed, time left.
 
-    def __init__(self, total: int):
-        self.total, self.start = total, time.perf_counter()
+    Due every `every` steps and at least every `seconds` seconds (0: steps only), and at the end.
+    """
+
+    def __init__(self, total: int, start_step: int = 0, every: int = 200, seconds: float = 0.0):
+        self.total, self.start_step, self.every, self.seconds = total, start_step, every, seconds
+        self.start = self.last = time.perf_counter()
+
+    def due(self, step: int) -> bool:
+        timed = self.seconds > 0 and time.perf_counter() - self.last >= self.seconds
+        return step % self.every == 0 or step == self.total or timed
 
     def line(self, step: int, m: dict[str, float]) -> str:
-        elapsed = time.perf_counter() - self.start
-        rate = step / max(elapsed, 1e-9)
+        self.last = now = time.perf_counter()
+        done = max(step - self.start_step, 1)
+        rate = done / max(now - self.start, 1e-9)
         parts = [f"step {step}/{self.total} ({100 * step // self.total}%)"]
         parts += [f"{k} {v:.4g}" for k, v in m.items() if k.endswith("/loss")]
         parts += [f"{k} {v:g}" for k, v in m.items() if k.endswith("/scale") or k.endswith("/skipped")]
@@ -108,12 +141,16 @@ class Progress:
         return " | ".join(parts)
 
 
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 class StopRequest:
-    """Ctrl-C / SIGTERM during a run: the loop stops at the next step boundary.
+    """Ctrl-C / SIGTERM during a run: the loop stops at the next step boundary, after a checkpoint.
 
     Raising KeyboardInterrupt from the signal handler itself could cut a tracker write (an
     sqlite transaction) in half; instead the first signal sets a flag the loop checks after
-    each step. A second signal interrupts at once.
+    each step. A second signal interrupts at once. While the run is created or ended
+    (`deferred()`), signals wait until that is done.
     """
 
     def __init__(self):
@@ -121,7 +158,7 @@ class StopRequest:
         self._previous: dict = {}
 
     def install(self) -> None:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in SIGNALS:
             try:
                 self._previous[sig] = signal.signal(sig, self._handle)
             except ValueError:  # not the main thread (a sweep worker thread): leave signals alone
@@ -137,31 +174,61 @@ class StopRequest:
         if self.requested:
             raise KeyboardInterrupt(self.requested)
         self.requested = signal.Signals(signum).name
-        log.warning(f"{self.requested}: stopping after this step (send it again to stop at once)")
+        log.warning(f"{self.requested}: stopping after this step with a checkpoint (send it again to stop at once)")
 
     def check(self) -> None:
         if self.requested:
             raise KeyboardInterrupt(self.requested)
 
+    @contextmanager
+    def deferred(self):
+        """Hold SIGINT/SIGTERM back while the block runs (creating or ending a run); deliver them after."""
+        try:
+            signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+            blocked = True
+        except (ValueError, OSError):
+            blocked = False
+        try:
+            yield
+        finally:
+            if blocked:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+
 
 STOP = StopRequest()
 
 
+def exit_code(err: KeyboardInterrupt) -> int:
+    """128 + the signal number: 130 for Ctrl-C / SIGINT, 143 for SIGTERM."""
+    name = str(err.args[0]) if err.args else "SIGINT"
+    return 128 + getattr(signal.Signals, name, signal.SIGINT).value
+
+
 @contextmanager
-def tracked_run(tracker, run_name: str, params: dict, tags: dict):
-    """Start a run; end it FINISHED, KILLED (Ctrl-C, SIGTERM) or FAILED (error recorded)."""
+def tracked_run(tracker, run_name: str, params: dict, tags: dict, resume_run_id: str | None = None):
+    """Start (or reopen) a run; end it FINISHED, KILLED (Ctrl-C, SIGTERM) or FAILED (error recorded).
+
+    A signal that arrives after the loop (during the final evaluation) still ends the run KILLED;
+    one that arrives while the run is being ended is delivered once it has ended.
+    """
     STOP.install()
     try:
-        tracker.start(run_name, params, tags)
         try:
+            with STOP.deferred():
+                tracker.start(run_name, params, tags, resume_run_id)
             yield tracker
+            STOP.check()
         except KeyboardInterrupt as err:
-            tracker.finish("KILLED", f"interrupted ({err or 'Ctrl-C'})")
+            with STOP.deferred():
+                tracker.finish("KILLED", f"interrupted ({err or 'Ctrl-C'})")
             raise
         except BaseException as err:
-            tracker.finish("FAILED", f"{type(err).__name__}: {err}")
+            with STOP.deferred():
+                tracker.finish("FAILED", f"{type(err).__name__}: {err}")
             raise
         else:
-            tracker.finish("FINISHED")
+            with STOP.deferred():
+                tracker.finish("FINISHED")
+        STOP.check()
     finally:
         STOP.restore()

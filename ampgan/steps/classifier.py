@@ -8,8 +8,11 @@ from mindspore import ops
 from ampgan.steps.common import Step, make_step
 
 
-def build_classifier_step(net, optimizer, scaler, health_fn, fp32_loss: bool = True, jit: bool = True) -> Step:
-    """Return step(x, y) with status losses (loss, acc): acc is the batch accuracy."""
+LOSSES = ("loss", "acc")
+
+
+def classifier_loss_fn(net, scaler, fp32_loss: bool = True):
+    """`loss_fn(x, y) -> (scaled loss, stack(LOSSES))`; diagnose's probes reuse it."""
     loss_dtype = ms.float32 if fp32_loss else ms.float16
 
     def loss_fn(x, y):
@@ -18,4 +21,10 @@ def build_classifier_step(net, optimizer, scaler, health_fn, fp32_loss: bool = T
         acc = (logits.argmax(-1) == y).astype(ms.float32).mean()
         return scaler.scale(loss), ops.stack([loss, acc])
 
-    return make_step(loss_fn, net.trainable_params(), optimizer, scaler, health_fn, ("loss", "acc"), jit)
+    return loss_fn
+
+
+def build_classifier_step(net, optimizer, scaler, health_fn, fp32_loss: bool = True, jit: bool = True) -> Step:
+    """Return step(x, y) with status losses (loss, acc): acc is the batch accuracy."""
+    loss_fn = classifier_loss_fn(net, scaler, fp32_loss)
+    return make_step(loss_fn, net.trainable_params(), optimizer, scaler, health_fn, LOSSES, jit)

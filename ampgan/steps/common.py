@@ -57,6 +57,8 @@ class Step:
     fn: Callable
     loss_names: tuple[str, ...]
     weights: tuple
+    measures_health: bool = True   # False: the health rows are zeros that were never computed
+    measures_norm: bool = True     # False: the grad_norm field is a zero that was never computed
 
     @property
     def param_names(self) -> tuple[str, ...]:
@@ -94,4 +96,5 @@ def make_step(loss_fn: Callable, weights: Sequence, optimizer, scaler, health_fn
         status, health = update(scaled_grads)
         return ops.concat([losses.astype(ms.float32), status, health.reshape(-1)])
 
-    return Step(fn=ms.jit(step) if jit else step, loss_names=tuple(loss_names), weights=tuple(weights))
+    return Step(fn=ms.jit(step) if jit else step, loss_names=tuple(loss_names), weights=tuple(weights),
+                measures_health=health_fn is not no_health, measures_norm=norm_fn is not no_norm)
