@@ -1,4 +1,7 @@
-"""Pictures drawn with Pillow alone: scatter plots, image grids, heat maps."""
+"""Pictures drawn with Pillow alone: scatter plots, image grids, heat maps, strips of pictures over training.
+
+Charts (axes, legends) are matplotlib's, in `ampgan.report`.
+"""
 
 from __future__ import annotations
 
@@ -59,5 +62,32 @@ def heatmap(matrix: np.ndarray, path: Path, cell: int = 32, title: str = "") -> 
             draw.rectangle(box, fill=fill, outline=(200, 200, 200))
             draw.text((box[0] + 3, box[1] + cell // 3), f"{v:g}"[:5], fill=(0, 0, 0))
     draw.text((4, 4), title, fill=(0, 0, 0))
+    img.save(path)
+    return Path(path)
+
+
+def strip(frames: list[Path], path: Path, height: int = 200, most: int = 8) -> Path:
+    """Pictures side by side, each scaled to `height` and labelled with its file name's step (`step-000250.png`).
+
+    More than `most` frames: evenly spaced ones, the first and the last included.
+    """
+    frames = list(frames)
+    if len(frames) > most:
+        frames = [frames[int(round(i))] for i in np.linspace(0, len(frames) - 1, most)]
+    top = 16
+    tiles = []
+    for f in frames:
+        with Image.open(f) as im:
+            im = im.convert("RGB")
+            tiles.append(im.resize((max(1, round(im.width * height / im.height)), height), Image.LANCZOS))
+    img = Image.new("RGB", (sum(t.width for t in tiles) + 2 * (len(tiles) + 1), height + top + 2), "white")
+    draw = ImageDraw.Draw(img)
+    x = 2
+    for f, t in zip(frames, tiles):
+        img.paste(t, (x, top))
+        stem = Path(f).stem
+        label = f"step {int(stem[5:])}" if stem.startswith("step-") and stem[5:].isdigit() else stem
+        draw.text((x + 3, 2), label, fill=(0, 0, 0))
+        x += t.width + 2
     img.save(path)
     return Path(path)
