@@ -150,7 +150,9 @@ class StopRequest:
     Raising KeyboardInterrupt from the signal handler itself could cut a tracker write (an
     sqlite transaction) in half; instead the first signal sets a flag the loop checks after
     each step. A second signal interrupts at once. While the run is created or ended
-    (`deferred()`), signals wait until that is done.
+    (`deferred()`), signals wait until that is done. MindSpore 2.10's runtime installs its own
+    SIGINT handler while it runs a graph and answers Ctrl-C there with a SIGTERM to the process
+    (seen under strace), so a Ctrl-C may be reported as SIGTERM (exit 143, not 130).
     """
 
     def __init__(self):
