@@ -11,6 +11,7 @@ MLflow run in the experiment "ampgan-bench".
     python -m experiments.bench                 # everything, ~6-8 min on 2 CPU cores
     python -m experiments.bench --quick         # fewer repeats, smaller blocks
     python -m experiments.bench --device GPU    # on a GPU machine: AMP's real speed-up too
+    python -m experiments.bench --only diagnose --no-startup   # diagnose's replay cost alone
 """
 
 from __future__ import annotations
@@ -168,6 +169,48 @@ def _comparisons(store: str, device: str, quick: bool):
                              "bare", scale_it, rounds=0.6)
 
 
+def diagnose_cost(store: str, device: str, quick: bool) -> list[dict]:
+    """diagnose's replay of N iterations against N training iterations of the same run (target <= 3x).
+
+    The replay is what `python -m ampgan.diagnose diagnose.mode=synced` runs per iteration: the FP32
+    twin's step (weights and gradients kept), the synced AMP step and the in-graph comparison.
+    Compilation is excluded on both sides: a replay of 1 + N iterations minus one of 1 iteration
+    (each builds and compiles anew), and training blocks after two warm-up iterations.
+    """
+    from ampgan.diagnose.replay import record_reference, replay_amp
+
+    n = 4 if quick else 12
+    overrides = GAN + ["amp=o2", "scaler=dynamic", "tracking=none"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        s = validate(compose(config_name="train", overrides=overrides + [f"hardware={device.lower()}"]))
+    data = build_dataset(s.data)
+
+    def replay(iterations: int) -> float:
+        t = time.perf_counter()
+        ref = record_reference(s, data, iterations, lambda m: None)
+        replay_amp(s, data, ref, ["synced"], lambda m: None)
+        return time.perf_counter() - t
+
+    diag = [(replay(1 + n) - replay(1)) / n for _ in range(2 if quick else 3)]
+    runner = AmpganRunner(overrides, store, device)
+    runner.run(2)
+    train = []
+    for _ in range(len(diag)):
+        t = time.perf_counter()
+        runner.run(n)
+        train.append((time.perf_counter() - t) / n)
+    runner.close()
+    name = "diagnose replay vs training (WGAN-GP O2 dynamic, N iterations)"
+    ratios = [d / t for d, t in zip(diag, train)]
+    ratio = statistics.median(ratios)
+    return [{"comparison": name, "variant": "training", "ms_per_iteration": 1e3 * statistics.median(train),
+             "ms_min": 1e3 * min(train), "ms_max": 1e3 * max(train), "ratio": 1.0, "ratio_min": 1.0, "ratio_max": 1.0,
+             "baseline": "training"},
+            {"comparison": name, "variant": "diagnose replay (synced)", "ms_per_iteration": 1e3 * statistics.median(diag),
+             "ms_min": 1e3 * min(diag), "ms_max": 1e3 * max(diag), "ratio": ratio, "ratio_min": min(ratios),
+             "ratio_max": max(ratios), "baseline": "training", "target": 3.0, "met": ratio <= 3.0}]
+
+
 def startup(store_dir: Path, device: str, repeats: int) -> list[dict]:
     """Command to first finished step, from outside, and the split each run logs (startup/*)."""
     from mlflow.tracking import MlflowClient
@@ -244,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.perf_counter() - started:5.0f}s] {comp.name}: {', '.join(comp.variants)}", flush=True)
         comp.measure(repeats)
         rows += comp.rows()
+    if not args.only or "diagnose" in args.only.lower():
+        print(f"[{time.perf_counter() - started:5.0f}s] diagnose replay vs training", flush=True)
+        rows += diagnose_cost(store, args.device, args.quick)
     start = []
     if not args.no_startup:
         print(f"[{time.perf_counter() - started:5.0f}s] start-up", flush=True)

@@ -1,0 +1,196 @@
+"""`python -m ampgan.diagnose`: the stages in order, the report, the MLflow run, the exit code.
+
+    exit 0  healthy: AMP tracks FP32
+    exit 1  an AMP problem (overflow, underflow, precision, scaler, framework); the fix is printed
+    exit 3  not AMP: the FP32 twin fails the same way
+    exit 2  bad input (one line `ampgan: error: ...`)
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from ampgan import AmpganError
+from ampgan.config import validate
+from ampgan.data import build_dataset
+from ampgan.diagnose import report
+from ampgan.diagnose.config import diagnose_settings
+from ampgan.diagnose.pipeline import Analysis, analyse, framework_check, reference_for
+from ampgan.diagnose.search import SearchResult, search_keep_list
+from ampgan.diagnose.verdict import Fix, Verdict
+from ampgan.diagnose.verify import Checked, Proof, prove_seeds, verify_fixes
+
+log = logging.getLogger("ampgan")
+
+
+@dataclass
+class Result:
+    verdict: Verdict
+    analysis: Analysis
+    checked: list[Checked] | None = None
+    proof: Proof | None = None
+    search: SearchResult | None = None
+    run_id: str | None = None
+    folder: Path | None = None
+
+    @property
+    def rows(self) -> list[dict]:
+        return self.analysis.rows
+
+    @property
+    def synced(self):
+        return self.analysis.synced
+
+    @property
+    def fits(self):
+        return self.analysis.fits
+
+    @property
+    def free(self) -> str | None:
+        return self.analysis.free_summary()
+
+    @property
+    def exit_code(self) -> int:
+        return self.verdict.exit_code
+
+
+def check_node(cfg: DictConfig) -> None:
+    """preflight's `extra`: the diagnose node of every composed combination."""
+    diagnose_settings(cfg)
+
+
+def recorded_config(cfg: DictConfig, run_id: str) -> DictConfig:
+    """The diagnosed run's recorded config (its `config.yaml` artifact) with this command's diagnose
+    and tracking nodes. Raises AmpganError for an unknown run or a run without a config."""
+    from mlflow.exceptions import MlflowException
+
+    from ampgan.tracking import make_client
+
+    client = make_client(cfg.tracking.uri)
+    try:
+        client.get_run(run_id)
+        path = client.download_artifacts(run_id, "config.yaml", tempfile.mkdtemp(prefix="ampgan-diagnose-"))
+    except (MlflowException, OSError) as err:
+        raise AmpganError(f"diagnose.run={run_id}: no such run with a config.yaml in {cfg.tracking.uri} "
+                          f"({str(err).splitlines()[0][:120]})") from None
+    recorded = OmegaConf.load(path)
+    recorded.diagnose = cfg.diagnose
+    recorded.tracking = cfg.tracking
+    return recorded
+
+
+def checkpoint_start(run_id: str, cfg: DictConfig) -> Path | None:
+    """Where a diagnosed run's replay starts: its newest full-state checkpoint set from before its
+    first non-finite logged loss (the newest set when none was logged); None (step 0 with the
+    run's seed) when the run wrote no checkpoint or its folder is not on this machine."""
+    from ampgan import checkpoint
+
+    uri = cfg.tracking.uri
+    try:
+        newest = checkpoint.locate(run_id, uri)
+    except AmpganError:
+        return None
+    failed = first_nonfinite_step(run_id, uri)
+    if failed is None:
+        return newest
+    before = [p for p in sorted(newest.parent.glob("step-*"))
+              if (p / checkpoint.HOST_FILE).exists() and checkpoint.read_host(p)["step"] < failed]
+    return before[-1] if before else None
+
+
+def first_nonfinite_step(run_id: str, uri: str) -> int | None:
+    """The first step at which the run logged a non-finite `*/loss`, or None."""
+    import math
+
+    from ampgan.tracking import make_client
+
+    client = make_client(uri)
+    keys = [k for k in client.get_run(run_id).data.metrics if k.endswith("/loss") and not k.startswith("eval/")]
+    steps = [m.step for k in keys for m in client.get_metric_history(run_id, k) if not math.isfinite(m.value)]
+    return min(steps) if steps else None
+
+
+def diagnose(cfg: DictConfig, run_dir: Path | None = None, echo=print) -> Result:
+    started = time.perf_counter()
+    dcfg = diagnose_settings(cfg)
+    diagnosed = dcfg.run or None
+    start = None
+    if diagnosed:
+        cfg = recorded_config(cfg, diagnosed)
+        start = checkpoint_start(diagnosed, cfg)
+    s = validate(cfg)
+    data = build_dataset(s.data)
+
+    def progress(msg: str) -> None:
+        if dcfg.progress:
+            echo(f"[diagnose {time.perf_counter() - started:5.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    if diagnosed:
+        progress(f"run {diagnosed}: replay from " + (f"checkpoint {start}" if start else "step 0 (no checkpoint)"))
+    cache: dict = {}
+    framework = framework_check(s, data, dcfg.framework_check, start)
+    if framework is not None:
+        progress(framework.describe())
+    ref = reference_for(s, data, dcfg.steps, progress, cache, start)
+    modes = ["synced", "free"] if dcfg.mode == "both" else [dcfg.mode]
+    analysis = analyse(s, dcfg, data, ref, modes, progress, dcfg.locate, framework)
+    result = Result(analysis.verdict, analysis)
+    fixes = list(analysis.verdict.fixes)
+    if dcfg.search and analysis.verdict.name not in ("healthy", "not_amp", "framework"):
+        result.search = search_keep_list(cfg, dcfg, data, cache, progress, start)
+        fixes = [Fix([result.search.override], "minimal FP32 keep-list found by ddmin")] + [
+            f for f in fixes if f.overrides != [result.search.override]]
+        analysis.verdict.fixes = fixes
+    if dcfg.verify and fixes:
+        result.checked = verify_fixes(cfg, dcfg, fixes, data, cache, progress, start=start)
+        if result.search is not None:
+            result.search.confirmed = any(c.confirmed and c.fix.overrides == fixes[0].overrides for c in result.checked)
+    if dcfg.seeds and fixes:
+        best = next((c.fix for c in result.checked or [] if c.confirmed), None) or fixes[0]
+        result.proof = prove_seeds(cfg, dcfg, best, data, progress)
+    echo(report.terminal(result))
+    publish(result, cfg, s, diagnosed, run_dir, time.perf_counter() - started)
+    return result
+
+
+def publish(result: Result, cfg: DictConfig, s, diagnosed: str | None, run_dir: Path | None, seconds: float) -> None:
+    """Files into the run folder; an MLflow run tagged ampgan.kind=diagnose with them as artifacts."""
+    from ampgan.tracking import build_tracker, flatten
+    from ampgan.trainer import tracked_run
+
+    folder = Path(run_dir or tempfile.mkdtemp(prefix="ampgan-diagnose-"))
+    result.folder = folder
+    files = report.write_files(result, folder)
+    (folder / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    tracking = s.tracking
+    tracking.experiment = cfg.diagnose.get("experiment", "ampgan-diagnose")
+    tracker = build_tracker(tracking)
+    v = result.verdict
+    tags = {"ampgan.kind": "diagnose", "ampgan.verdict": v.name, "ampgan.layer": v.layer, "model": s.model.name,
+            "data": s.data.name, "amp": s.amp.level, "scaler": s.scaler.name}
+    if diagnosed:
+        tags["ampgan.diagnosed_run"] = diagnosed
+        tags["ampgan.start_step"] = str(result.analysis.ref.start_step)
+    if v.fixes:
+        tags["ampgan.fix"] = (result.checked[0].fix if result.checked else v.fixes[0]).text
+    params = flatten(OmegaConf.to_container(cfg, resolve=True))
+    with tracked_run(tracker, f"diagnose-{s.model.name}-{s.amp.level.lower()}-{s.scaler.name}", params, tags):
+        metrics = {"diagnose/exit_code": float(v.exit_code), "diagnose/seconds": seconds,
+                   "diagnose/replay_seconds": result.synced.seconds}
+        for net, t in result.synced.nets.items():
+            from ampgan.diagnose.statistics import summarize_net
+
+            x = summarize_net(t)
+            metrics.update({f"diagnose/{net}/rel_err_median": x.rel_err_median, f"diagnose/{net}/nonfinite": x.nonfinite,
+                            f"diagnose/{net}/lost_norm_max": x.lost_norm_max, f"diagnose/{net}/skipped": x.skipped})
+        tracker.log_metrics(metrics, 0)
+        for f in files + [folder / "config.yaml"]:
+            tracker.log_artifact(f)
+    result.run_id = tracker.run_id

@@ -1,0 +1,234 @@
+"""Lockstep replay: the AMP run against its FP32 twin, step by step, on the same batches and noise.
+
+1. `record_reference`: the FP32 twin (amp O0, no loss scale, same settings and seed, so the same
+   initial weights) trains `steps` iterations; before each sub-step (GAN: each critic step and
+   the generator step) its weights, the step's inputs and its gradients are kept.
+2. `replay_amp`: the AMP task is built from the same seed and driven with the very same inputs.
+   synced: before each sub-step its nets get the twin's weights (errors do not compound: the
+   per-step error of float16); free: it follows its own trajectory from the same start
+   (divergence). Both from one build: optimizer and scaler state are reset in between.
+   After each sub-step the probe's unscaled gradients are compared with the twin's in-graph.
+
+Everything here is host-side orchestration; the compiled pieces are in `ampgan.steps.probe`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import mindspore as ms
+import numpy as np
+
+from ampgan import checkpoint, hardware
+from ampgan.amp.scalers import NoneScalerConfig
+from ampgan.config import AmpConfig, Settings
+from ampgan.data import Dataset
+from ampgan.steps.classifier import LOSSES, classifier_loss_fn
+from ampgan.steps.common import StepStatus
+from ampgan.steps.gan import CRITIC_LOSSES, GENERATOR_LOSSES, critic_loss_fn, generator_loss_fn
+from ampgan.steps.probe import COMPARE_FIELDS, Probe, compare_gradients, make_loader, make_probe
+from ampgan.tasks import build_task
+
+Progress = Callable[[str], None]
+
+
+def fp32_twin_settings(s: Settings) -> Settings:
+    """The same run in FP32: amp O0, no loss scale (non-finite updates applied, as plain FP32 would)."""
+    return replace(s, amp=AmpConfig(level="O0", keep_fp32=[], fp32_loss=True, fp32_gradient_penalty=False),
+                   scaler=NoneScalerConfig())
+
+
+def build_seeded(s: Settings, data: Dataset, start: Path | None = None):
+    """`build_task` right after seeding: two builds with one seed start from the same weights.
+
+    `start`: a full-state checkpoint set (`ampgan.checkpoint`) loaded into the task before anything
+    is compiled: weights, optimizer moments, sampler position, RNGs, and the loss scaler's state,
+    except for a task without loss scaling (the FP32 twin keeps scale 1 whatever the run used)."""
+    hardware.setup(s.hardware, s.trainer.seed)
+    task = build_task(s, data)
+    if start is not None:
+        own = {k: p.asnumpy().copy() for k, p in task.state_parameters().items() if k.split("/")[0] in task.scalers}
+        checkpoint.load(task, start)
+        if s.scaler.name == "none":
+            params = task.state_parameters()
+            for k, value in own.items():
+                params[k].set_data(ms.Tensor(value, dtype=params[k].dtype))
+    return task
+
+
+# ---------------------------------------------------------------- what diagnose needs of a task
+def roots(task) -> dict[str, ms.nn.Cell]:
+    """The task's nets by the root name keep-list paths use ("critic", "gen"; "" for the classifier)."""
+    if hasattr(task, "critic"):
+        return {"gen": task.gen, "critic": task.critic}
+    return {"": task.net}
+
+
+def net_parameters(task) -> list[ms.Parameter]:
+    """Every Parameter of the task's nets (BatchNorm statistics included), in a fixed order."""
+    return [p for net in roots(task).values() for p in net.get_parameters()]
+
+
+def probes(task, jit: bool) -> dict[str, Probe]:
+    """One probe per optimised net, built from the task's own nets, optimizers and scalers."""
+    if hasattr(task, "critic"):
+        sd, sg = task.scalers["critic.scaler"], task.scalers["gen.scaler"]
+        return {
+            "critic": make_probe(critic_loss_fn(task.gen_amp, task.critic_amp, task.critic_gp, sd, task.gp_lambda),
+                                 task.critic_amp.trainable_params(), task.optimizers["critic.opt"], sd, CRITIC_LOSSES, jit),
+            "gen": make_probe(generator_loss_fn(task.gen_amp, task.critic_amp, sg), task.gen_amp.trainable_params(),
+                              task.optimizers["gen.opt"], sg, GENERATOR_LOSSES, jit),
+        }
+    sc = task.scalers["scaler"]
+    return {"train": make_probe(classifier_loss_fn(task.net_amp, sc, task.fp32_loss), task.net_amp.trainable_params(),
+                                task.optimizers["opt"], sc, LOSSES, jit)}
+
+
+def snapshot(params) -> tuple[ms.Tensor, ...]:
+    return tuple(ms.Tensor(p.asnumpy()) for p in params)
+
+
+# ---------------------------------------------------------------- the FP32 reference
+@dataclass
+class RefStep:
+    iteration: int
+    net: str
+    inputs: tuple
+    weights: tuple          # every net Parameter before the step
+    grads: tuple            # the twin's gradients (FP32)
+    status: StepStatus
+
+
+@dataclass
+class Reference:
+    settings: Settings
+    task: object
+    steps: list[RefStep]
+    param_names: dict[str, tuple[str, ...]]
+    seconds: float
+    failed_at: int | None = None    # first iteration whose FP32 loss or gradient is not finite
+    failure: str = ""
+    start: Path | None = None       # the checkpoint set both runs started from (None: step 0)
+    start_step: int = 0             # its training step: iteration i replays training step start_step + i
+
+    def net_steps(self, net: str) -> list[RefStep]:
+        return [r for r in self.steps if r.net == net]
+
+
+def record_reference(s: Settings, data: Dataset, iterations: int, progress: Progress,
+                     start: Path | None = None) -> Reference:
+    started = time.perf_counter()
+    ref_s = fp32_twin_settings(s)
+    task = build_seeded(ref_s, data, start)
+    nets = probes(task, ref_s.hardware.jit)
+    params = net_parameters(task)
+    steps, failed_at, failure = [], None, ""
+    for it in range(1, iterations + 1):
+        for net, inputs in task.step_inputs():
+            weights = snapshot(params)
+            status, grads = nets[net](*inputs)
+            steps.append(RefStep(it, net, inputs, weights, grads, status))
+            bad = [k for k, v in status.losses.items() if not np.isfinite(v)]
+            if failed_at is None and (bad or not status.finite):
+                failed_at = it
+                failure = (f"{net} loss {', '.join(bad)} not finite" if bad else f"{net} gradients not finite")
+        _tick(progress, "FP32 twin", it, iterations)
+    names = {net: probe.layout.param_names for net, probe in nets.items()}
+    return Reference(ref_s, task, steps, names, time.perf_counter() - started, failed_at, failure, start,
+                     checkpoint.read_host(start)["step"] if start is not None else 0)
+
+
+def _tick(progress: Progress, what: str, it: int, total: int) -> None:
+    if it == total or it % max(1, total // 4) == 0:
+        progress(f"{what}: step {it}/{total}")
+
+
+# ---------------------------------------------------------------- the AMP replay
+@dataclass
+class NetTrace:
+    """One optimised net's record over a replay: a row per sub-step."""
+
+    net: str
+    param_names: tuple[str, ...]
+    sizes: np.ndarray
+    iterations: list[int] = field(default_factory=list)
+    compare: list[np.ndarray] = field(default_factory=list)   # (n_params, len(COMPARE_FIELDS))
+    health: list[np.ndarray] = field(default_factory=list)    # AMP's scaled-gradient health (n_params, 4)
+    hist: np.ndarray | None = None                            # FP32 exponent histogram, summed over steps
+    amp_losses: list[dict] = field(default_factory=list)
+    fp32_losses: list[dict] = field(default_factory=list)
+    scale: list[float] = field(default_factory=list)
+    applied: list[bool] = field(default_factory=list)
+    finite: list[bool] = field(default_factory=list)
+
+    def field(self, name: str) -> np.ndarray:
+        """(sub-steps, n_params) of one comparison field."""
+        return np.array([c[:, COMPARE_FIELDS.index(name)] for c in self.compare]).reshape(len(self.compare), -1)
+
+    def health_field(self, column: int) -> np.ndarray:
+        return np.array([h[:, column] for h in self.health]).reshape(len(self.health), -1)
+
+
+@dataclass
+class Trace:
+    mode: str
+    nets: dict[str, NetTrace]
+    seconds: float
+    first_nonfinite: tuple[int, str, int] | None = None  # (iteration, net, index into ref.steps)
+
+
+def replay_amp(s: Settings, data: Dataset, ref: Reference, modes: list[str], progress: Progress,
+               on_nonfinite: Callable | None = None) -> tuple[dict[str, Trace], object]:
+    """Replay the AMP run in each of `modes` ("synced", "free") against `ref`; return traces and the task.
+
+    `on_nonfinite(task, ref_step, status)` is called once, at the first synced sub-step whose AMP
+    loss or gradients are not finite, with the AMP nets holding that step's weights again.
+    """
+    task = build_seeded(s, data, ref.start)
+    nets = probes(task, s.hardware.jit)
+    params = net_parameters(task)
+    load_weights = make_loader(params)
+    # optimizer and scaler state per group: two optimizers both own a `state_step` (names clash in one graph)
+    groups: dict[str, list] = {}
+    for key, p in task.state_parameters().items():
+        if not any(p is q for q in params):
+            groups.setdefault(key.split("/")[0], []).append(p)
+    resets = [(make_loader(g), snapshot(g)) for g in [params, *groups.values()]]
+    traces = {}
+    for mode in modes:
+        started = time.perf_counter()
+        if mode != modes[0]:
+            for load, initial in resets:  # the same start: weights, optimizer moments, scaler state
+                load(initial)
+        traces[mode] = trace = Trace(mode, {n: NetTrace(n, ref.param_names[n], np.array([p.size for p in nets[n].weights]))
+                                            for n in nets}, 0.0)
+        for i, rs in enumerate(ref.steps):
+            if mode == "synced":
+                load_weights(rs.weights)
+            status, grads = nets[rs.net](*rs.inputs)
+            stats, hist = compare_gradients(grads, rs.grads)
+            t = trace.nets[rs.net]
+            t.iterations.append(rs.iteration)
+            t.compare.append(stats.asnumpy())
+            h = hist.asnumpy()
+            t.hist = h if t.hist is None else t.hist + h
+            t.health.append(status.health)
+            t.amp_losses.append(status.losses)
+            t.fp32_losses.append(rs.status.losses)
+            t.scale.append(status.scale)
+            t.applied.append(status.applied)
+            bad = not status.finite or not all(np.isfinite(v) for v in status.losses.values())
+            t.finite.append(not bad)
+            if bad and trace.first_nonfinite is None:
+                trace.first_nonfinite = (rs.iteration, rs.net, i)
+                if mode == "synced" and on_nonfinite is not None:
+                    load_weights(rs.weights)
+                    on_nonfinite(task, rs, status)
+            if i + 1 == len(ref.steps) or ref.steps[i + 1].iteration != rs.iteration:
+                _tick(progress, f"AMP {mode}", rs.iteration, ref.steps[-1].iteration)
+        trace.seconds = time.perf_counter() - started
+    return traces, task
+

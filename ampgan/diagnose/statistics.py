@@ -1,0 +1,106 @@
+"""From a replay's per-step records to the numbers a verdict and a report use.
+
+Per layer (parameter): median and max relative error, min cosine, max flushed fraction and
+lost norm, max subnormal fraction of AMP's scaled gradient, non-finite steps. Per step: the
+whole net's relative error (all its parameters as one vector), the loss difference, the scale,
+whether the update was skipped. Steps whose AMP gradient is not finite are counted apart and
+left out of the error figures (their error is infinite, and says "overflow", not "precision").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ampgan.amp.health import HEALTH_FIELDS
+from ampgan.diagnose.replay import NetTrace, Trace
+
+LAYER_COLUMNS = ("net", "param", "size", "rel_err_median", "rel_err_max", "cosine_min", "flushed_max",
+                 "lost_norm_max", "subnormal_max", "nonfinite_steps", "fp32_norm_median", "scale_lo", "scale_hi")
+
+
+def net_rel_err(t: NetTrace) -> np.ndarray:
+    """Per sub-step relative error of the whole net's gradient: sqrt(sum (rel_p ||g_p||)^2) / sqrt(sum ||g_p||^2)."""
+    rel, nf = t.field("rel_err"), t.field("fp32_norm")
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.sqrt(((rel * nf) ** 2).sum(1)) / np.maximum(np.sqrt((nf ** 2).sum(1)), 1e-30)
+
+
+def net_lost_norm(t: NetTrace) -> np.ndarray:
+    """Per sub-step share of the whole net's FP32 gradient norm flushed to zero under AMP."""
+    lost, nf = t.field("lost_norm"), t.field("fp32_norm")
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.sqrt(((lost * nf) ** 2).sum(1)) / np.maximum(np.sqrt((nf ** 2).sum(1)), 1e-30)
+
+
+@dataclass
+class NetSummary:
+    net: str
+    substeps: int
+    nonfinite: int             # sub-steps with a non-finite AMP loss or gradient
+    skipped: int               # AMP updates not applied
+    rel_err_median: float      # over finite sub-steps
+    rel_err_max: float
+    lost_norm_max: float
+    loss_diff_median: float    # |AMP loss - FP32 loss| / max(|FP32 loss|, 1e-12), first loss
+    scale_first: float
+    scale_last: float
+    scale_changes: int
+    scale_min: float
+
+
+def summarize_net(t: NetTrace) -> NetSummary:
+    ok = np.array(t.finite, bool)
+    rel = net_rel_err(t)[ok] if ok.any() else np.array([np.nan])
+    lost = net_lost_norm(t)[ok] if ok.any() else np.array([0.0])
+    key = next(iter(t.amp_losses[0]))
+    a = np.array([d[key] for d in t.amp_losses], np.float64)
+    f = np.array([d[key] for d in t.fp32_losses], np.float64)
+    diff = np.abs(a - f) / np.maximum(np.abs(f), 1e-12)
+    scale = np.array(t.scale)
+    return NetSummary(t.net, len(t.finite), int((~ok).sum()), int((~np.array(t.applied, bool)).sum()),
+                      float(np.median(rel)), float(np.max(rel)), float(np.max(lost)),
+                      float(np.median(diff[np.isfinite(diff)])) if np.isfinite(diff).any() else float("nan"),
+                      float(scale[0]), float(scale[-1]), int((np.diff(scale) != 0).sum()), float(scale.min()))
+
+
+def layer_rows(trace: Trace, ranges: dict | None = None) -> list[dict]:
+    """One row per parameter (LAYER_COLUMNS); `ranges[net]` is a ranges.ScaleFit."""
+    rows = []
+    for net, t in trace.nets.items():
+        ok = np.array(t.finite, bool)
+        rel, cos = t.field("rel_err"), t.field("cosine")
+        sub = t.health_field(HEALTH_FIELDS.index("underflow"))
+        nonf = t.health_field(HEALTH_FIELDS.index("nonfinite"))
+        flushed, lost, nf = t.field("flushed"), t.field("lost_norm"), t.field("fp32_norm")
+        fit = ranges.get(net) if ranges else None
+        for i, name in enumerate(t.param_names):
+            r = rel[ok, i] if ok.any() else np.array([np.nan])
+            lr = fit.layers[i] if fit else None
+            rows.append({
+                "net": net, "param": name, "size": int(t.sizes[i]),
+                "rel_err_median": float(np.median(r)), "rel_err_max": float(np.max(r)),
+                "cosine_min": float(np.min(cos[ok, i])) if ok.any() else float("nan"),
+                "flushed_max": float(flushed[ok, i].max()) if ok.any() else 0.0,
+                "lost_norm_max": float(lost[ok, i].max()) if ok.any() else 0.0,
+                "subnormal_max": float(sub[:, i].max()),
+                "nonfinite_steps": int((nonf[:, i] > 0).sum()),
+                "fp32_norm_median": float(np.median(nf[:, i])),
+                "scale_lo": "" if lr is None or lr.k_lo is None else f"2^{lr.k_lo}",
+                "scale_hi": "" if lr is None or lr.k_hi is None else f"2^{lr.k_hi}",
+            })
+    return rows
+
+
+def heat(trace: Trace, field: str = "rel_err") -> tuple[list[str], np.ndarray]:
+    """Layers x iterations: the max of `field` over each iteration's sub-steps (inf where not finite)."""
+    names, rows = [], []
+    iters = sorted({i for t in trace.nets.values() for i in t.iterations})
+    for net, t in trace.nets.items():
+        vals = t.field(field)
+        its = np.array(t.iterations)
+        for p, name in enumerate(t.param_names):
+            names.append(name)
+            rows.append([np.max(vals[its == i, p]) if (its == i).any() else np.nan for i in iters])
+    return names, np.array(rows, dtype=np.float64)

@@ -1,0 +1,177 @@
+"""The verdict: one name, its evidence as numbers, the layer where there is one, candidate fixes.
+
+Rules, first match wins:
+  framework  the GP weight gradient in the run's mode disagrees with finite differences
+  not_amp    the FP32 twin fails too (a non-finite loss or gradient): learning rate, data, model
+  overflow   AMP steps are non-finite (more than `skip_tol` of them, or any when the scaler does
+             not skip them) and the first bad value is in the forward pass or in the penalty's
+             inner gradient (scale-independent), or in the backward pass at a scale the layers'
+             range allows
+  scaler     the same, in the backward pass, at a loss scale above the range every layer fits;
+             or the scale oscillates (changes on more than a third of the steps)
+  underflow  a net loses more than `lost_tol` of its FP32 gradient norm to flushing (nonzero
+             in FP32, exactly zero in AMP) at a loss scale below its range (more than u of its
+             FP32 gradient elements below float16's normals); the layer named loses the most
+  precision  the median relative gradient error (synced) exceeds `rel_tol` with none of the above
+             (zeros where the gradients sit inside the range count here: a forward value rounded
+             away, not a gradient too small for float16)
+  healthy    otherwise: AMP tracks FP32 within tolerance
+A few overflowing steps that a dynamic scaler skips while it finds its scale are healthy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ampgan.config import Settings
+from ampgan.diagnose.ranges import ScaleFit, merge_fits
+from ampgan.diagnose.statistics import layer_rows, summarize_net
+
+EXIT_CODES = {"healthy": 0, "not_amp": 3}   # every other verdict: 1 (an AMP problem, fix printed)
+VERDICTS = ("healthy", "not_amp", "framework", "overflow", "underflow", "precision", "scaler")
+
+
+@dataclass
+class Fix:
+    overrides: list[str]
+    why: str
+
+    @property
+    def text(self) -> str:
+        return " ".join(self.overrides)
+
+
+@dataclass
+class Verdict:
+    name: str
+    headline: str
+    evidence: list[str] = field(default_factory=list)
+    layer: str = ""
+    fixes: list[Fix] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES.get(self.name, 1)
+
+
+def cell_of(param: str) -> str:
+    """`critic.score.0.weight` -> `critic.score.0`: the keep-list path of a parameter's cell."""
+    return param.rpartition(".")[0] or param
+
+
+def _skips_nonfinite(s: Settings) -> bool:
+    return s.scaler.name in ("dynamic", "underflow_aware") or bool(getattr(s.scaler, "skip_nonfinite", False))
+
+
+def _scale_fixes(s: Settings, common: ScaleFit | None) -> list[Fix]:
+    best = common.best() if common is not None else None
+    scale = best or 1024.0
+    why = ("the low end of the loss-scale range every layer fits" if common is not None and common.fits
+           else "the highest loss scale that does not overflow (no single scale fits every layer)")
+    fixes = []
+    if hasattr(s.scaler, "init_scale") and s.scaler.name != "dynamic":
+        fixes.append(Fix([f"scaler.init_scale={scale:g}"], why))
+    elif s.scaler.name == "none":
+        fixes.append(Fix(["scaler=static", f"scaler.init_scale={scale:g}"], why))
+    fixes.append(Fix(["scaler=dynamic", f"scaler.init_scale={scale:g}"], "dynamic scaling from that scale"))
+    return fixes
+
+
+def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=None) -> Verdict:
+    """`synced`: the synced Trace; `fits`: net -> ranges.ScaleFit; `located`: locate.Located or None."""
+    sums = {n: summarize_net(t) for n, t in synced.nets.items()}
+    rows = layer_rows(synced, fits)
+    ev = [f"{n}: relative gradient error median {x.rel_err_median:.3g} (max {x.rel_err_max:.3g}); "
+          f"{x.nonfinite}/{x.substeps} steps non-finite, {x.skipped} skipped; loss scale {x.scale_first:g} -> "
+          f"{x.scale_last:g}; gradient norm lost to flushing up to {x.lost_norm_max:.3g}" for n, x in sums.items()]
+    ev += [f"{n}: {fit.describe()}" for n, fit in fits.items()]
+    common = merge_fits(list(fits.values())) if fits else None
+    if common is not None and len(fits) > 1:
+        ev.append(f"all nets (one scaler setting): {common.describe()}")
+
+    if framework is not None and framework.wrong:
+        return Verdict("framework", "the gradient penalty's second-order gradient is wrong in this execution "
+                       "mode: MindSpore's PYNATIVE bug, not float16", [framework.describe()] + ev, "critic",
+                       [Fix(["hardware.jit=true", "hardware.unsafe_pynative_gp=false"],
+                            "compiled steps compute the penalty's gradient right")])
+    if ref.failed_at is not None:
+        return Verdict("not_amp", f"the FP32 twin fails too (step {ref.failed_at}: {ref.failure}): "
+                       "not float16; look at the learning rate, the data or the model", ev)
+    total = sum(x.substeps for x in sums.values())
+    nonfinite = sum(x.nonfinite for x in sums.values())
+    if nonfinite and (not _skips_nonfinite(s) or nonfinite / total > dcfg.skip_tol):
+        ev.insert(0, f"{nonfinite}/{total} AMP steps non-finite")
+        if located is not None:
+            ev.insert(1, f"first bad value: {located.describe()}")
+        if located is None or located.phase == "forward":
+            where = located.where if located else ""
+            fixes = [Fix([f"amp.keep_fp32=[{where}]"], f"{where} computes in FP32, beyond float16's range")] if where else []
+            parent = cell_of(where) if where and "." in where else ""
+            if parent:
+                fixes.append(Fix([f"amp.keep_fp32=[{parent}]"], f"the enclosing cell {parent} in FP32"))
+            return Verdict("overflow", f"forward overflow in float16 at {where or '?'}", ev, where, fixes)
+        if located.phase == "gp_inner":
+            return Verdict("overflow", f"the gradient penalty's inner gradient overflows float16 (through {located.where})",
+                           ev, located.where,
+                           [Fix(["amp.fp32_gradient_penalty=true"], "the penalty through an FP32 twin of the critic"),
+                            Fix([f"amp.keep_fp32=[{located.where}]"], "the layer the inner gradient overflows at in FP32")])
+        fit = fits.get(located.net)
+        t = synced.nets[located.net]
+        scale = float(t.scale[t.iterations.index(located.iteration)])
+        if fit is not None and fit.k_hi is not None and scale > 2.0 ** fit.k_hi:
+            return Verdict("scaler", f"loss scale {scale:g} is above what the gradients allow "
+                           f"(<= 2^{fit.k_hi}): the scaler overflows the backward pass itself", ev,
+                           cell_of(located.where), _scale_fixes(s, common))
+        return Verdict("overflow", f"backward overflow in float16 at {located.where}", ev, cell_of(located.where),
+                       [Fix([f"amp.keep_fp32=[{cell_of(located.where)}]"], "that layer in FP32")]
+                       + _scale_fixes(s, common))
+    for n, x in sums.items():
+        if s.scaler.name in ("dynamic", "underflow_aware") and x.scale_changes > max(3, x.substeps / 3):
+            return Verdict("scaler", f"the {n} loss scale oscillates ({x.scale_changes} changes in {x.substeps} steps)",
+                           ev, "", _scale_fixes(s, common))
+    if nonfinite:
+        ev.append(f"{nonfinite}/{total} steps overflowed and were skipped while the scaler found its scale (normal)")
+    # underflow: gradient norm lost to exact zeros, by a net whose gradients sit below float16's
+    # range at the scale used (its range starts above that scale). Zeros where FP32's gradients are
+    # inside the range come from elsewhere (a forward value rounded to zero: precision, below)
+    lossy = [n for n, x in sums.items() if x.lost_norm_max > dcfg.lost_tol
+             and fits.get(n) is not None and fits[n].k_lo is not None and 2.0 ** fits[n].k_lo > x.scale_last]
+    if lossy:
+        net = max(lossy, key=lambda n: sums[n].lost_norm_max)
+        # the layer losing the most gradient in absolute terms (lost share x its norm)
+        worst_lost = max((r for r in rows if r["net"] == net and np.isfinite(r["lost_norm_max"])),
+                         key=lambda r: r["lost_norm_max"] * r["fp32_norm_median"])
+        ev.insert(0, f"{worst_lost['param']}: up to {100 * worst_lost['lost_norm_max']:.1f}% of its FP32 gradient norm "
+                     f"flushed to zero ({100 * worst_lost['flushed_max']:.1f}% of elements), "
+                     f"{100 * worst_lost['subnormal_max']:.1f}% subnormal, at loss scale {sums[net].scale_last:g}")
+        return Verdict("underflow", f"float16 underflow: gradients flushed to zero in {cell_of(worst_lost['param'])}",
+                       ev, cell_of(worst_lost["param"]),
+                       _scale_fixes(s, common) + [Fix(["scaler=underflow_aware"], "raises the scale when gradients sit "
+                                                       "in float16's subnormal range"),
+                                                  Fix([f"amp.keep_fp32=[{cell_of(worst_lost['param'])}]"], "that layer in FP32")])
+    rel = max(x.rel_err_median for x in sums.values())
+    if rel > dcfg.rel_tol:
+        norms = {}
+        for r in rows:
+            norms.setdefault(r["net"], 0.0)
+            norms[r["net"]] += r["fp32_norm_median"] ** 2
+        big = [r for r in rows if r["fp32_norm_median"] ** 2 >= 1e-4 * norms[r["net"]] and np.isfinite(r["rel_err_median"])]
+        worst = max(big or rows, key=lambda r: r["rel_err_median"])
+        ev.insert(0, f"{worst['param']}: median relative error {worst['rel_err_median']:.3g}, cosine down to "
+                     f"{worst['cosine_min']:.4f}, no overflow, {100 * worst['flushed_max']:.2f}% flushed")
+        fixes = [] if s.amp.fp32_loss else [Fix(["amp.fp32_loss=true"], "the loss (softmax cross-entropy) in FP32")]
+        where = _owner(worst["param"])
+        fixes += [Fix([f"amp.keep_fp32=[{p}]"], f"{p} in FP32") for p in dict.fromkeys([where, cell_of(worst["param"])])]
+        return Verdict("precision", f"float16 precision loss (no range problem) at {where}: median "
+                       f"relative gradient error {rel:.3g} > {dcfg.rel_tol}", ev, where, fixes)
+    return Verdict("healthy", f"AMP tracks FP32: median relative gradient error {rel:.3g} <= {dcfg.rel_tol}", ev)
+
+
+def _owner(param: str) -> str:
+    """The outermost named cell below the net root that owns the parameter (`head.fc.weight` -> `head`)."""
+    parts = cell_of(param).split(".")
+    if parts[0] in ("critic", "gen"):
+        return ".".join(parts[:2]) if len(parts) > 1 else parts[0]
+    return parts[0]

@@ -1,0 +1,149 @@
+"""Fixes, proved: replay each candidate against FP32, rank; then re-check the best on K seeds.
+
+Verification replays a candidate (synced, as many steps as the diagnosis) and calls it
+confirmed when its own verdict is `healthy`. Ranking: confirmed first, then closeness to FP32
+(median relative gradient error), then cost (share of parameters computed in FP32).
+
+The seed check (`diagnose.seeds=K`) trains FP32 and the best fix `seed_steps` steps on each of
+K seeds and evaluates the run's objective. Stated test: the fix is *equivalent* when on every
+seed its objective is within the margin of FP32's on the same seed (`eval/accuracy`: absolute
+margin; `eval/swd`: relative to FP32's value) and no run diverged. Every-seed agreement is
+used rather than a paired t-test because K is small (3-5): a mean test on so few pairs has
+little power to show equivalence, while a per-seed bound is strict and easy to read.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+from ampgan import AmpganError
+from ampgan.config import CONF_DIR, GROUPS, SCHEMAS, Settings, validate
+from ampgan.data import Dataset
+from ampgan.diagnose.pipeline import analyse, reference_for
+from ampgan.diagnose.replay import build_seeded, fp32_twin_settings
+from ampgan.diagnose.statistics import summarize_net
+from ampgan.diagnose.verdict import Fix
+
+def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
+    """`scaler=dynamic` swaps in that group option's file; `a.b=v` sets a value (YAML-parsed)."""
+    out = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    for ov in overrides:
+        key, _, value = ov.partition("=")
+        if key in GROUPS:
+            path = CONF_DIR / key / f"{value}.yaml"
+            if not path.exists():
+                raise AmpganError(f"fix override {ov}: no such option")
+            out[key] = group_option(key, path)
+        else:
+            OmegaConf.update(out, key, yaml.safe_load(value), force_add=True)
+    return out
+
+
+def group_option(group: str, path) -> DictConfig:
+    """A group option's YAML merged onto the schema its `defaults` names (`/schema/scaler/dynamic@_here_`)."""
+    node = OmegaConf.load(path)
+    schemas = [str(d).split("@")[0].lstrip("/") for d in node.pop("defaults", []) if str(d).startswith("/schema/")]
+    base = OmegaConf.structured(SCHEMAS[group][schemas[0]]) if schemas else OmegaConf.create()
+    return OmegaConf.create(OmegaConf.to_container(OmegaConf.merge(base, node), resolve=False))
+
+
+@dataclass
+class Checked:
+    fix: Fix
+    verdict: str
+    rel_err: float
+    nonfinite: int
+    fp32_share: float
+    seconds: float
+
+    @property
+    def confirmed(self) -> bool:
+        return self.verdict == "healthy"
+
+
+def verify_fixes(cfg: DictConfig, dcfg, fixes: list[Fix], data: Dataset, cache: dict, progress,
+                 steps: int | None = None, start: Path | None = None) -> list[Checked]:
+    out = []
+    for fix in fixes[: dcfg.max_fixes]:
+        progress(f"verify: {fix.text}")
+        started = time.perf_counter()
+        s = validate(apply_overrides(cfg, fix.overrides))
+        ref = reference_for(s, data, steps or dcfg.steps, progress, cache, start)
+        a = analyse(s, dcfg, data, ref, ["synced"], progress, with_locate=False)
+        sums = [summarize_net(t) for t in a.synced.nets.values()]
+        rel = max(x.rel_err_median for x in sums)
+        out.append(Checked(fix, a.verdict.name, rel, sum(x.nonfinite for x in sums), kept_share(a),
+                           time.perf_counter() - started))
+    return sorted(out, key=lambda c: (not c.confirmed, c.rel_err if np.isfinite(c.rel_err) else 1e9, c.fp32_share))
+
+
+def kept_share(a) -> float:
+    """Share of the nets' parameters whose cell is kept in FP32 by a path, or by the FP32 penalty twin."""
+    s = a.settings
+    sizes = {name: int(size) for t in a.synced.nets.values() for name, size in zip(t.param_names, t.sizes)}
+    total = sum(sizes.values()) or 1
+    paths = [k for k in s.amp.keep_fp32 if "." in k or k[:1].islower()]
+    kept = sum(n for name, n in sizes.items() if any(name == p or name.startswith(p + ".") for p in paths))
+    if s.is_gan and s.amp.fp32_gradient_penalty:
+        kept += 0.5 * sum(n for name, n in sizes.items() if name.startswith("critic."))
+    return min(1.0, kept / total)
+
+
+# ---------------------------------------------------------------- K seeds
+@dataclass
+class Proof:
+    objective: str
+    fix: str
+    fp32: list[float]
+    fixed: list[float]
+    margin: float
+    relative: bool
+
+    @property
+    def gaps(self) -> list[float]:
+        g = [abs(a - b) for a, b in zip(self.fixed, self.fp32)]
+        return [x / max(abs(b), 1e-12) for x, b in zip(g, self.fp32)] if self.relative else g
+
+    @property
+    def equivalent(self) -> bool:
+        return all(np.isfinite(self.fixed)) and all(g <= self.margin for g in self.gaps)
+
+    def describe(self) -> str:
+        kind = "relative" if self.relative else "absolute"
+        return (f"{self.fix} on {len(self.fp32)} seeds: {self.objective} FP32 {_fmt(self.fp32)} vs fix {_fmt(self.fixed)}; "
+                f"{kind} gaps {_fmt(self.gaps)}; test: every seed within {self.margin:g} -> "
+                f"{'EQUIVALENT' if self.equivalent else 'NOT shown equivalent'}")
+
+
+def _fmt(xs) -> str:
+    return "[" + ", ".join(f"{x:.4g}" for x in xs) + "]"
+
+
+def _train(s: Settings, data: Dataset, steps: int) -> float:
+    task = build_seeded(s, data)
+    for step in range(1, steps + 1):
+        task.train_step(step)
+        if step % 25 == 0:
+            task.metrics()
+    task.metrics()
+    return float(task.evaluate()[task.objective])
+
+
+def prove_seeds(cfg: DictConfig, dcfg, fix: Fix, data: Dataset, progress) -> Proof:
+    fixed_cfg = apply_overrides(cfg, fix.overrides)
+    fp32, fixed = [], []
+    objective = ""
+    for k in range(dcfg.seeds):
+        seeded = apply_overrides(fixed_cfg, [f"trainer.seed={k}"])
+        s = validate(seeded)
+        progress(f"seeds: seed {k} ({dcfg.seed_steps} steps, FP32 and fix)")
+        fp32.append(_train(fp32_twin_settings(s), data, dcfg.seed_steps))
+        fixed.append(_train(s, data, dcfg.seed_steps))
+        objective = "eval/swd" if s.is_gan else "eval/accuracy"
+    return Proof(objective, fix.text, fp32, fixed, dcfg.margin, relative=objective == "eval/swd")
