@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 export GLOG_v ?= 3
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-full bench ui clean lock
+.PHONY: help install browser services train test test-full bench ui clean lock cluster cluster-stop server server-stop
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -18,13 +18,34 @@ $(STAMP): pyproject.toml requirements.lock
 	$(PY) -m pip install --quiet -c requirements.lock -e '.[dev]'
 	@touch $@
 
+browser: install  ## Debian's chromium for the browser test (apt, once; playwright comes from the lock)
+	@test -x /usr/bin/chromium || command -v chromium >/dev/null || \
+	{ test "$$(id -u)" = 0 && command -v apt-get >/dev/null && \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; } || \
+	{ echo "make: install Debian's chromium (as root: apt-get install -y --no-install-recommends chromium), then run make again" >&2; exit 1; }
+
+services: install  ## Debian's slurm-wlm, munge and postgresql for the cluster / server tests (apt, once)
+	@$(PY) -m ampgan.services install >/dev/null
+
+cluster: services  ## start a single-node SLURM on this machine (outputs/services/cluster; prints SLURM_CONF)
+	@$(PY) -m ampgan.services cluster
+
+cluster-stop: install  ## stop it (and its jobs)
+	@$(PY) -m ampgan.services cluster-stop
+
+server: services  ## start PostgreSQL + mlflow server on 127.0.0.1 (SERVER_PORT=5001; outputs/services/server)
+	@$(PY) -m ampgan.services server --port $(or $(SERVER_PORT),5001)
+
+server-stop: install  ## stop the mlflow server and PostgreSQL
+	@$(PY) -m ampgan.services server-stop
+
 train: install  ## run the default experiment, logged to the embedded MLflow store (outputs/mlflow.db)
 	$(PY) -m ampgan.train $(ARGS)
 
-test: install  ## the fast test suite
+test: install browser services  ## the fast test suite
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
-test-full: install  ## every test, the slow quality runs and sweeps included
+test-full: install browser services  ## every test, the slow quality runs and sweeps included
 	$(PY) -m pytest -q $(ARGS)
 
 bench: install  ## benchmark ampgan against a bare MindSpore loop (outputs/bench/)

@@ -47,6 +47,7 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
     from ampgan.tasks import build_task
     from ampgan.tracking import build_tracker, flatten
 
+    _pin_sources()
     startup = {"startup/imports_s": time.perf_counter() - _PROCESS_START}
     clock = time.perf_counter()
     settings = validate(cfg)
@@ -76,6 +77,28 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
         if settings.trainer.requeue and tracker.run_id:  # the scheduler will start this job again
             tracker.set_tags({"ampgan.requeue": "pending"})
         raise
+
+
+def _pin_sources() -> None:
+    """Keep ampgan's source as imported for MindSpore's jit parser, whatever happens on disk later.
+
+    ms.jit reads a function's source file (inspect -> linecache) each time it compiles. A process
+    that runs several jobs (a sweep's loky worker, a search worker) would otherwise parse a file
+    edited since it was imported at the old line numbers, i.e. the wrong lines ("Miss argument
+    input for parameter: n_classes"). linecache never re-reads an entry whose mtime is None.
+    """
+    import linecache
+
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if name.split(".")[0] != "ampgan" or not path or not path.endswith(".py"):
+            continue
+        entry = linecache.cache.get(path)
+        if entry is not None and len(entry) == 4 and entry[1] is None:
+            continue  # pinned by an earlier job of this process
+        lines = linecache.getlines(path)
+        if lines:
+            linecache.cache[path] = (sum(map(len, lines)), None, lines, path)
 
 
 def _tracked_fit(task, tracker, settings: Settings, run_dir: Path, params: dict, startup: dict, clock: float,
