@@ -256,16 +256,49 @@ def chart_underflow(client, run):
     hists = {k: {m.step: m.value for m in client.get_metric_history(run.info.run_id, k)} for k in keys}
     steps = sorted({s for h in hists.values() for s in h})
     grid = np.array([[hists[k].get(s, np.nan) for s in steps] for k in keys])
-    fig, axes = _figure(width=max(5.0, 1.2 + 0.35 * len(steps)), height=1.4 + 0.28 * len(keys))
+    return heatmap_figure(grid, [k[len("grad/"):-len("/underflow")] for k in keys], [str(s) for s in steps],
+                          f"per-layer underflow: {run.info.run_name}", "underflow fraction")
+
+
+def heatmap_figure(grid: np.ndarray, rows: list[str], cols: list[str], title: str, label: str,
+                   xlabel: str = "step", log: bool = False, bad: str | None = None):
+    """A layers x steps matrix as a matplotlib heat map (the sweep report's and diagnose's).
+
+    Colour from 0 to the largest finite value (`log`: a log scale over the positive finite values,
+    when there are some); non-finite cells are drawn in `bad` (e.g. "red" for an infinite error),
+    blank by default."""
+    from matplotlib.colors import LogNorm, Normalize
+
+    grid = np.asarray(grid, dtype=np.float64)
+    finite = np.isfinite(grid)
+    positive = finite & (grid > 0)
+    if log and positive.any():
+        lo, hi = float(grid[positive].min()), float(grid[positive].max())
+        norm = LogNorm(vmin=lo, vmax=max(hi, lo * 10))
+    else:
+        norm = Normalize(vmin=0.0, vmax=max(float(grid[finite].max()), 1e-6) if finite.any() else 1.0)
+    fig, axes = _figure(width=max(5.0, 1.2 + 0.35 * len(cols)), height=1.4 + 0.28 * len(rows))
     ax = axes[0][0]
-    im = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=0.0, vmax=max(float(np.nanmax(grid)), 1e-6)
-                   if np.isfinite(grid).any() else 1.0)
-    ax.set_yticks(range(len(keys)), [k[len("grad/"):-len("/underflow")] for k in keys], fontsize=7)
-    ax.set_xticks(range(len(steps)), [str(s) for s in steps], fontsize=7, rotation=90 if len(steps) > 12 else 0)
-    ax.set_xlabel("step")
-    ax.set_title(f"per-layer underflow: {run.info.run_name}")
-    ax.figure.colorbar(im, ax=ax, label="underflow fraction")
+    import matplotlib
+
+    cmap = matplotlib.colormaps["viridis"].copy()
+    if bad is not None:
+        cmap.set_bad(bad)
+    shown = np.ma.masked_where(~finite | (log & positive.any() & (grid <= 0)), grid)
+    im = ax.imshow(shown, aspect="auto", cmap=cmap, norm=norm)
+    ax.set_yticks(range(len(rows)), rows, fontsize=7)
+    ax.set_xticks(range(len(cols)), cols, fontsize=7, rotation=90 if len(cols) > 12 else 0)
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    ax.figure.colorbar(im, ax=ax, label=label)
     return fig
+
+
+def figure_png(fig) -> bytes:
+    """A matplotlib figure as PNG bytes (for the HTML page and the files under outputs/)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
 
 
 def best_run(runs: list):
@@ -288,8 +321,10 @@ def charts(client, runs: list, varies: list[str]) -> dict:
 
 
 # ---------------------------------------------------------------- the page
-def html_page(title: str, summary: str, rows: list[dict], pngs: dict[str, bytes]) -> str:
-    """One self-contained page (images inline): MLflow's artifact viewer shows it without fetching anything."""
+def html_page(title: str, summary: str, rows: list[dict], pngs: dict[str, bytes], text: str = "") -> str:
+    """One self-contained page (images inline): MLflow's artifact viewer shows it without fetching anything.
+
+    `text`: preformatted lines shown above the table (diagnose's terminal report)."""
     cols = columns(rows)
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in cols) + "</tr>" for r in rows)
@@ -301,6 +336,7 @@ def html_page(title: str, summary: str, rows: list[dict], pngs: dict[str, bytes]
 th,td{{border:1px solid #ccc;padding:3px 7px;text-align:right}} th{{background:#f0f0f0}}
 figure{{display:inline-block;margin:8px}} img{{max-width:100%}} figcaption{{font-size:12px;color:#666}}</style>
 </head><body><h2>{html.escape(title)}</h2><p>{html.escape(summary)}</p>
+{f'<pre id="report-text">{html.escape(text)}</pre>' if text else ""}
 <table id="report-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>
 <div id="charts">{images}</div></body></html>
 """
@@ -318,9 +354,7 @@ def write_report(client, parent, children: list, sweep_id: str | None = None, ou
     pngs = {}
     figs = charts(client, children, varies)
     for name, fig in figs.items():
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-        pngs[name] = buf.getvalue()
+        pngs[name] = figure_png(fig)
         (folder / f"{name}.png").write_bytes(pngs[name])
     summary = parent.data.tags.get("outcome", "") if parent is not None else f"{len(children)} runs"
     title = f"sweep {sweep_id}" + (f": {parent.info.run_name}" if parent is not None else "")

@@ -5,9 +5,11 @@ The planted corpus (one case per verdict) is in tests/test_diagnose_corpus.py.
 
 from __future__ import annotations
 
+import csv
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import mindspore as ms
 import numpy as np
@@ -18,11 +20,13 @@ from ampgan import checkpoint
 from ampgan.config import CONF_DIR, validate
 from ampgan.data import build_dataset
 from ampgan.diagnose.command import checkpoint_start, recorded_config
-from ampgan.diagnose.config import DiagnoseConfig
+from ampgan.diagnose.config import DiagnoseConfig, diagnose_settings
+from ampgan.diagnose.pipeline import analyse
+from ampgan.diagnose.report import HEATMAPS
 from ampgan.diagnose.ranges import MAX_EXP, NORMAL_EXP, fit_scales
 from ampgan.diagnose.replay import (build_seeded, fp32_twin_settings, net_parameters, probes,
                                     record_reference, replay_amp)
-from ampgan.diagnose.statistics import layer_rows, net_rel_err
+from ampgan.diagnose.statistics import LAYER_COLUMNS, heat, layer_rows, net_rel_err
 from ampgan.diagnose.verdict import decide
 from ampgan.steps.probe import COMPARE_FIELDS, compare_gradients, make_loader
 from tests.conftest import ROOT, all_runs
@@ -180,9 +184,23 @@ def test_cli_healthy_run_logged_and_linked(outputs):
     assert tags["ampgan.diagnosed_run"] == trained and tags["ampgan.verdict"] == "healthy"
     assert tags["ampgan.start_step"] == "4"
     assert tags["amp"] == "O2" and tags["scaler"] == "static"        # from the recorded config
-    arts = {a.path for a in client.list_artifacts(diag[0].info.run_id)}
-    assert {"layers.csv", "report.md", "heatmap.png", "config.yaml"} <= arts
+    run_id = diag[0].info.run_id
+    arts = {a.path for a in client.list_artifacts(run_id)}
+    assert {"layers.csv", "heatmap.csv", "report.md", "report.html", "heatmap.png", "underflow_heatmap.png",
+            "config.yaml"} <= arts
     assert diag[0].data.metrics["diagnose/exit_code"] == 0
+    got = Path(client.download_artifacts(run_id, "", str(outputs / "downloaded")))
+    layers = list(csv.DictReader((got / "layers.csv").open()))
+    heat_rows = list(csv.reader((got / "heatmap.csv").open()))
+    # the report page (the sweep report's html_page): the verdict, the per-layer table with a row per
+    # parameter, both heat maps inline (MLflow's artifact viewer shows it without fetching anything)
+    page = (got / "report.html").read_text()
+    assert "<h2>diagnose: healthy (classifier, gaussians8, amp O2, scaler static)</h2>" in page
+    assert page.count("<tr>") == 1 + len(layers) and 'id="report-table"' in page
+    for stem in ("heatmap", "underflow_heatmap"):
+        assert f'<img alt="{stem}" src="data:image/png;base64,' in page
+        png = (got / f"{stem}.png").read_bytes()      # logged with log_figure: a matplotlib chart
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
 
     # what the replay starts from: the checkpoint's weights, optimizer state and sampler position
     # in both tasks; the AMP task its loss scale, the FP32 twin scale 1
@@ -201,6 +219,24 @@ def test_cli_healthy_run_logged_and_linked(outputs):
     assert float(amp_task.scalers["scaler"].scale_value.asnumpy()) == 8.0
     assert float(fp32_task.scalers["scaler"].scale_value.asnumpy()) == 1.0
     assert checkpoint_start("0123456789abcdef0123456789abcdef", cfg) is None   # no such run: from step 0
+
+    # the logged CSVs hold the replay's numbers: replay the same 3 steps from the same checkpoint here
+    dcfg = diagnose_settings(cfg)
+    ref = record_reference(s, data, 3, lambda m: None, start)
+    analysis = analyse(s, dcfg, data, ref, ["synced"], lambda m: None)
+    assert [r["param"] for r in layers] == [r["param"] for r in analysis.rows]
+    for logged, replayed in zip(layers, analysis.rows):
+        for col in LAYER_COLUMNS:
+            want = replayed[col]
+            assert (float(logged[col]) == want if isinstance(want, float) else logged[col] == str(want)), (col, logged)
+    assert heat_rows[0] == ["field", "param", "5", "6", "7"]         # training steps after the checkpoint's 4
+    for stem, (field, _, _) in HEATMAPS.items():
+        names, matrix = heat(analysis.synced, field)
+        rows = [r for r in heat_rows[1:] if r[0] == field]
+        assert [r[1] for r in rows] == names
+        assert np.array_equal(np.array([[float(x) for x in r[2:]] for r in rows]), matrix), stem
+    rel = analysis.synced.nets["train"].field("rel_err")           # the heat map: max over each step's sub-steps
+    assert np.array_equal(heat(analysis.synced, "rel_err")[1], rel.T)
 
 
 def test_unknown_run_id_is_bad_input(outputs):

@@ -167,7 +167,7 @@ def publish(result: Result, cfg: DictConfig, s, diagnosed: str | None, run_dir: 
 
     folder = Path(run_dir or tempfile.mkdtemp(prefix="ampgan-diagnose-"))
     result.folder = folder
-    files = report.write_files(result, folder)
+    files, figures = report.write_files(result, folder)
     (folder / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     tracking = s.tracking
     tracking.experiment = cfg.diagnose.get("experiment", "ampgan-diagnose")
@@ -193,4 +193,8 @@ def publish(result: Result, cfg: DictConfig, s, diagnosed: str | None, run_dir: 
         tracker.log_metrics(metrics, 0)
         for f in files + [folder / "config.yaml"]:
             tracker.log_artifact(f)
+        client = getattr(tracker, "client", None)   # MLflow: the heat maps as charts, like a sweep report's
+        for stem, fig in figures.items():
+            if client is not None:
+                client.log_figure(tracker.run_id, fig, f"{stem}.png")
     result.run_id = tracker.run_id

@@ -113,6 +113,7 @@ class Reference:
     failure: str = ""
     start: Path | None = None       # the checkpoint set both runs started from (None: step 0)
     start_step: int = 0             # its training step: iteration i replays training step start_step + i
+    iteration_seconds: list[float] = field(default_factory=list)  # wall time of each iteration (the first compiles)
 
     def net_steps(self, net: str) -> list[RefStep]:
         return [r for r in self.steps if r.net == net]
@@ -125,8 +126,9 @@ def record_reference(s: Settings, data: Dataset, iterations: int, progress: Prog
     task = build_seeded(ref_s, data, start)
     nets = probes(task, ref_s.hardware.jit)
     params = net_parameters(task)
-    steps, failed_at, failure = [], None, ""
+    steps, failed_at, failure, clock = [], None, "", []
     for it in range(1, iterations + 1):
+        t0 = time.perf_counter()
         for net, inputs in task.step_inputs():
             weights = snapshot(params)
             status, grads = nets[net](*inputs)
@@ -135,10 +137,11 @@ def record_reference(s: Settings, data: Dataset, iterations: int, progress: Prog
             if failed_at is None and (bad or not status.finite):
                 failed_at = it
                 failure = (f"{net} loss {', '.join(bad)} not finite" if bad else f"{net} gradients not finite")
+        clock.append(time.perf_counter() - t0)
         _tick(progress, "FP32 twin", it, iterations)
     names = {net: probe.layout.param_names for net, probe in nets.items()}
     return Reference(ref_s, task, steps, names, time.perf_counter() - started, failed_at, failure, start,
-                     checkpoint.read_host(start)["step"] if start is not None else 0)
+                     checkpoint.read_host(start)["step"] if start is not None else 0, clock)
 
 
 def _tick(progress: Progress, what: str, it: int, total: int) -> None:
@@ -178,6 +181,7 @@ class Trace:
     nets: dict[str, NetTrace]
     seconds: float
     first_nonfinite: tuple[int, str, int] | None = None  # (iteration, net, index into ref.steps)
+    iteration_seconds: list[float] = field(default_factory=list)  # wall time of each iteration (the first compiles)
 
 
 def replay_amp(s: Settings, data: Dataset, ref: Reference, modes: list[str], progress: Progress,
@@ -205,6 +209,7 @@ def replay_amp(s: Settings, data: Dataset, ref: Reference, modes: list[str], pro
                 load(initial)
         traces[mode] = trace = Trace(mode, {n: NetTrace(n, ref.param_names[n], np.array([p.size for p in nets[n].weights]))
                                             for n in nets}, 0.0)
+        t0 = time.perf_counter()
         for i, rs in enumerate(ref.steps):
             if mode == "synced":
                 load_weights(rs.weights)
@@ -228,6 +233,8 @@ def replay_amp(s: Settings, data: Dataset, ref: Reference, modes: list[str], pro
                     load_weights(rs.weights)
                     on_nonfinite(task, rs, status)
             if i + 1 == len(ref.steps) or ref.steps[i + 1].iteration != rs.iteration:
+                trace.iteration_seconds.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
                 _tick(progress, f"AMP {mode}", rs.iteration, ref.steps[-1].iteration)
         trace.seconds = time.perf_counter() - started
     return traces, task

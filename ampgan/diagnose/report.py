@@ -1,14 +1,19 @@
-"""The report: terminal text (verdict first), Markdown, the per-layer CSV, a heat map, an MLflow run."""
+"""The report: terminal text (verdict first), Markdown, the per-layer CSV, heat maps, an HTML page.
+
+Built with the sweep report's machinery (`ampgan.report`): the heat maps are matplotlib charts
+(`heatmap_figure`) and the page is `html_page`, self-contained, so MLflow's artifact viewer shows it.
+"""
 
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 
 import numpy as np
 
-from ampgan import plots
-from ampgan.diagnose.statistics import LAYER_COLUMNS, heat, layer_rows
+from ampgan.diagnose.statistics import LAYER_COLUMNS, heat, heat_iterations, layer_rows
+from ampgan.report import figure_png
 
 
 def worst_layers(rows: list[dict], n: int = 5) -> list[dict]:
@@ -61,7 +66,60 @@ def markdown(result) -> str:
     return "\n".join(out) + "\n"
 
 
-def write_files(result, folder: Path) -> list[Path]:
+# the heat maps (layers x training steps of the synced replay): file stem -> (field, what, log colour scale)
+# (flushed: the share of a layer's FP32-nonzero gradient elements that are exactly zero under AMP)
+HEATMAPS = {"heatmap": ("rel_err", "gradient error vs FP32", True),
+            "underflow_heatmap": ("flushed", "true underflow", False)}
+
+
+def heat_tables(result) -> dict[str, tuple[list[str], list[int], np.ndarray]]:
+    """stem -> (parameter names, training steps, layers x steps matrix) of each heat map."""
+    ref = result.analysis.ref
+    out = {}
+    for stem, (name, _, _) in HEATMAPS.items():
+        names, matrix = heat(result.synced, name)
+        out[stem] = (names, [ref.start_step + i for i in heat_iterations(result.synced)], matrix)
+    return out
+
+
+def heat_figures(result, tables: dict | None = None) -> dict:
+    """stem -> matplotlib Figure, drawn with the sweep report's helper (`ampgan.report.heatmap_figure`)."""
+    from ampgan.report import heatmap_figure
+
+    figs = {}
+    for stem, (names, steps, matrix) in (tables or heat_tables(result)).items():
+        name, what, log = HEATMAPS[stem]
+        figs[stem] = heatmap_figure(matrix, names, [str(s) for s in steps], f"{what} (synced replay)",
+                                    f"{name}, step max (red: not finite)", log=log, bad="red")
+    return figs
+
+
+def heat_csv(tables: dict) -> str:
+    """The heat maps' numbers, one row per (field, parameter), one column per training step (repr floats)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    steps = next(iter(tables.values()))[1]
+    writer.writerow(["field", "param", *steps])
+    for stem, (names, _, matrix) in tables.items():
+        for name, row in zip(names, matrix):
+            writer.writerow([HEATMAPS[stem][0], name, *(repr(float(v)) for v in row)])
+    return out.getvalue()
+
+
+def html(result, pngs: dict[str, bytes]) -> str:
+    """The report page: terminal report, per-layer table, heat maps (`ampgan.report.html_page`)."""
+    from ampgan.report import html_page
+
+    s, v = result.analysis.settings, result.verdict
+    title = f"diagnose: {v.name} ({s.model.name}, {s.data.name}, amp {s.amp.level}, scaler {s.scaler.name})"
+    return html_page(title, v.headline, result.rows, pngs, text=terminal(result))
+
+
+def write_files(result, folder: Path) -> tuple[list[Path], dict]:
+    """layers.csv, heatmap.csv, report.md, report.html and the heat-map PNGs into `folder`.
+
+    Returns the files to log as artifacts and the heat maps as matplotlib figures (logged with
+    `log_figure`, as the sweep report's charts are)."""
     folder.mkdir(parents=True, exist_ok=True)
     csv_path = folder / "layers.csv"
     with csv_path.open("w", newline="") as f:
@@ -70,11 +128,17 @@ def write_files(result, folder: Path) -> list[Path]:
         writer.writerows(result.rows)
     md = folder / "report.md"
     md.write_text(markdown(result))
-    names, matrix = heat(result.synced)
-    shown = np.where(np.isfinite(matrix), matrix, np.nanmax(np.where(np.isfinite(matrix), matrix, 0)) * 2 + 1)
-    png = plots.heatmap(np.round(shown, 4), folder / "heatmap.png", cell=36,
-                        title=f"relative gradient error, layers (rows: {', '.join(names[:3])}...) x steps")
-    return [csv_path, md, png]
+    tables = heat_tables(result)
+    heat_path = folder / "heatmap.csv"
+    heat_path.write_text(heat_csv(tables))
+    figs = heat_figures(result, tables)
+    pngs = {}
+    for stem, fig in figs.items():
+        pngs[stem] = figure_png(fig)
+        (folder / f"{stem}.png").write_bytes(pngs[stem])
+    page = folder / "report.html"
+    page.write_text(html(result, pngs))
+    return [csv_path, heat_path, md, page], figs
 
 
 def layer_table(result) -> list[dict]:

@@ -93,10 +93,15 @@ def layer_rows(trace: Trace, ranges: dict | None = None) -> list[dict]:
     return rows
 
 
+def heat_iterations(trace: Trace) -> list[int]:
+    """The replayed iterations, in order: the columns of `heat`."""
+    return sorted({i for t in trace.nets.values() for i in t.iterations})
+
+
 def heat(trace: Trace, field: str = "rel_err") -> tuple[list[str], np.ndarray]:
     """Layers x iterations: the max of `field` over each iteration's sub-steps (inf where not finite)."""
     names, rows = [], []
-    iters = sorted({i for t in trace.nets.values() for i in t.iterations})
+    iters = heat_iterations(trace)
     for net, t in trace.nets.items():
         vals = t.field(field)
         its = np.array(t.iterations)
