@@ -114,7 +114,6 @@ def test_sweep_dashboard_in_a_real_browser(clip_sweep, ui_server):
             card = page.locator("[data-testid=experiment-view-compare-runs-card]",
                                 has=page.get_by_text("scale", exact=True)).first
             card.locator("svg.main-svg").first.wait_for()
-            assert page.locator("[data-testid=experiment-view-compare-runs-card]").count() == 1
             assert child.info.run_name in card.inner_text()  # the legend names the run
             assert card.locator("path.js-line, g.trace").count() >= 1  # a plotted line
             page.screenshot(path=str(shots / "child_loss_scale.png"))
