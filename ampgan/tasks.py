@@ -262,9 +262,6 @@ class GanTask(TaskBase):
             pictures.append(plots.strip(frames, Path(folder) / "samples_strip.png"))
         return pictures
 
-    def cells(self) -> dict[str, ms.nn.Cell]:
-        return {"generator": self.gen, "critic": self.critic}
-
 
 class ClassifierTask(TaskBase):
     objective = "eval/accuracy"
@@ -316,9 +313,6 @@ class ClassifierTask(TaskBase):
         pred = self.logits(self.data.x_test).argmax(1)
         cm = confusion_matrix(pred, self.data.y_test, self.data.n_classes)
         return [plots.heatmap(cm, folder / "confusion.png", title="confusion: rows true, columns predicted")]
-
-    def cells(self) -> dict[str, ms.nn.Cell]:
-        return {"classifier": self.net}
 
 
 TASKS = {"wgan_gp": GanTask, "classifier": ClassifierTask}

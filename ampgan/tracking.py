@@ -285,10 +285,10 @@ def _now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def _process_started(pid: int | None = None) -> float:
+def _process_started() -> float:
     import psutil
 
-    return psutil.Process(pid or os.getpid()).create_time()
+    return psutil.Process(os.getpid()).create_time()
 
 
 def ensure_experiment(client, name: str, artifact_root: str | None) -> str:
