@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 export GLOG_v ?= 3
 
 .DEFAULT_GOAL := help
-.PHONY: help install browser services train test test-full bench ui clean lock cluster cluster-stop server server-stop
+.PHONY: help install browser services train test test-full bench study ui clean lock cluster cluster-stop server server-stop
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -50,6 +50,12 @@ test-full: install browser services  ## every test, the slow quality runs and sw
 
 bench: install  ## benchmark ampgan against a bare MindSpore loop (outputs/bench/)
 	$(PY) -m experiments.bench $(ARGS)
+
+STUDIES := wgan_amp collapse underflow classifier_nan clip_threshold
+study: install  ## run a case study: make study NAME=wgan_amp (ARGS=--full: full length; experiments/README.md)
+	@case " $(STUDIES) " in *" $(NAME) "*) ;; \
+	  *) echo "make: NAME must be one of: $(STUDIES) (got '$(NAME)')" >&2; exit 2;; esac
+	$(PY) -m experiments.$(NAME) $(ARGS)
 
 PORT ?= 5000
 ui: install  ## open the MLflow dashboard on 127.0.0.1 (PORT=5000) over outputs/mlflow.db

@@ -131,6 +131,8 @@ class SweepRuns(Callback):
         overrides = list(config.hydra.overrides.task)
         params = config.hydra.sweeper.get("params")
         params = OmegaConf.to_container(params, resolve=True) if params else {}
+        typed = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+        params = {k: v for k, v in params.items() if k.lstrip("+~") not in typed}  # the command line wins
         varies = swept_keys(overrides, params)
         self.sweep_id = sweep_dir.name
         self.client = make_client(tracking.uri)
@@ -146,9 +148,14 @@ class SweepRuns(Callback):
         run = self.client.create_run(exp_id, run_name=sweep_name(overrides + [f"{k}={v}" for k, v in params.items()],
                                                                    varies, self.sweep_id), tags=tags)
         self.parent_id = run.info.run_id
-        for line in overrides + [f"{k}={v}" for k, v in params.items()]:
-            key, _, value = line.lstrip("+~").partition("=")
-            self.client.log_param(self.parent_id, key[:250], mlflow_value(value, 6000))
+        try:
+            for line in overrides + [f"{k}={v}" for k, v in params.items()]:
+                key, _, value = line.lstrip("+~").partition("=")
+                self.client.log_param(self.parent_id, key[:250], mlflow_value(value, 6000))
+        except Exception:
+            self.client.set_terminated(self.parent_id, "FAILED")  # no parent left RUNNING
+            self.parent_id = None
+            raise
         write_atomic(sweep_dir / PARENT_RECORD, json.dumps(
             {"uri": tracking.uri, "experiment": tracking.experiment, "run_id": self.parent_id, "varies": varies}))
         log.info(f"sweep {self.sweep_id}: parent run {self.parent_id}")

@@ -1,0 +1,71 @@
+"""Study 4, the classifier "NaN under O2": where does FP32 train, where does only O2 fail?
+
+Learning rates 1e-3 .. 0.3 x (FP32, the seed's O2, O2 with a float16 loss, O2 with clipping,
+O2 with the head in FP32), three seeds; diagnose on the seed's O2 run at each rate
+(`conf/experiment/study_classifier_nan.yaml`).
+
+    python -m experiments.classifier_nan [--full | --quick]
+"""
+
+from __future__ import annotations
+
+import sys
+
+from experiments.study import (Context, Study, chart_lines, diagnose_run, first_run, quick_diagnose, run,
+                               same_value, seeds)
+
+TRAINS = 0.8   # mean test accuracy at which a configuration counts as training (digits, 10 classes)
+
+STUDY = Study(
+    name="classifier_nan",
+    title="The classifier NaN",
+    question="Across learning rates, where does FP32 train, where does only O2 fail, where do both, and what do the fixes change?",
+    groups=["model.lr", "nan_fix"],
+    metrics=["accuracy", "loss", "train skipped", "train clip rate"],
+    reference={"nan_fix": "fp32"},
+    facet="model.lr",
+    quick=["model.lr=1e-2", "+arm/nan_fix=fp32,o2", "trainer.seed=0,1", "trainer.max_steps=4"],
+    full=["trainer.max_steps=1000"],
+)
+
+
+def after(ctx: Context) -> None:
+    for lr in dict.fromkeys(r["model.lr"] for r in ctx.table):
+        target = first_run(ctx, **{"model.lr": lr, "nan_fix": "o2"})
+        if target is None:
+            continue
+        d = diagnose_run(target.info.run_id, ctx.uri, quick_diagnose(ctx), ctx.echo)
+        ctx.diagnoses[lr] = d
+        ctx.notes.append(f"diagnose O2 at lr {lr} (run {target.info.run_name}): verdict {d['verdict']}"
+                         + (f" at {d['layer']}" if d["layer"] != "-" else "") + (f", fix: {d['fix']}" if d["fix"] != "-" else ""))
+    for row in ctx.table:
+        if row["nan_fix"] == "o2":
+            row["diagnose"] = ctx.diagnoses.get(row["model.lr"], {}).get("verdict", "-")
+
+
+def charts(ctx: Context) -> dict:
+    return {"accuracy_vs_lr": chart_lines(ctx.rows, "model.lr", "nan_fix", "accuracy", "test accuracy against the learning rate")}
+
+
+def trains(row: dict) -> bool:
+    return row["diverged"] == 0 and row["_accuracy"]["n"] > 0 and row["_accuracy"]["mean"] >= TRAINS
+
+
+def answer(ctx: Context) -> str:
+    def at(lr, arm):
+        return next((r for r in ctx.table if same_value(r["model.lr"], lr) and r["nan_fix"] == arm), None)
+
+    lrs = list(dict.fromkeys(r["model.lr"] for r in ctx.table))
+    both_ok = [lr for lr in lrs if at(lr, "fp32") and at(lr, "o2") and trains(at(lr, "fp32")) and trains(at(lr, "o2"))]
+    only_o2 = [lr for lr in lrs if at(lr, "fp32") and at(lr, "o2") and trains(at(lr, "fp32")) and not trains(at(lr, "o2"))]
+    both_bad = [lr for lr in lrs if at(lr, "fp32") and not trains(at(lr, "fp32"))]
+    text = (f"FP32 and O2 both train (accuracy >= {TRAINS}) at lr {', '.join(both_ok) or 'none'}; only O2 fails at "
+            f"{', '.join(only_o2) or 'none'}; FP32 fails too at {', '.join(both_bad) or 'none'} ({seeds(ctx)} seeds)")
+    verdicts = sorted({d["verdict"] for d in ctx.diagnoses.values()})
+    return text + (f"; diagnose says {', '.join(verdicts)}." if verdicts else ".")
+
+
+STUDY.after, STUDY.charts = after, charts
+
+if __name__ == "__main__":
+    sys.exit(run(STUDY, answer=answer))

@@ -1,0 +1,58 @@
+"""Study 2, the WGAN-GP "AMP collapse": float16's fault, or the framework's?
+
+The seed's settings in PYNATIVE mode (where MindSpore 2.10's second-order gradient of the
+penalty is wrong) and under `ms.jit`, each in FP32 and O2, three seeds; then diagnose on the
+seed's run (PYNATIVE, O2) and on its jit twin (`conf/experiment/study_collapse.yaml`).
+
+    python -m experiments.collapse [--full | --quick]
+"""
+
+from __future__ import annotations
+
+import sys
+
+from experiments.study import Context, Study, diagnose_run, first_run, quick_diagnose, run, seeds
+
+STUDY = Study(
+    name="collapse",
+    title="The WGAN-GP collapse's real cause",
+    question="Is the seed's WGAN-GP collapse under O2 caused by float16, or does it happen in FP32 too?",
+    groups=["collapse"],
+    metrics=["swd", "critic/gp", "critic/loss", "critic skipped"],
+    run_metrics=["critic/gp", "critic/loss", "critic/wasserstein"],
+    reference={"collapse": "jit_fp32"},
+    quick=["+arm/collapse=pynative_o2,jit_o2", "trainer.seed=0,1", "trainer.max_steps=2"],
+    full=["trainer.max_steps=300"],
+)
+
+
+def after(ctx: Context) -> None:
+    for arm in ("pynative_o2", "jit_o2"):
+        target = first_run(ctx, collapse=arm)
+        if target is None:
+            continue
+        d = diagnose_run(target.info.run_id, ctx.uri, quick_diagnose(ctx), ctx.echo)
+        ctx.diagnoses[arm] = d
+        ctx.notes.append(f"diagnose {arm} (run {target.info.run_name}): verdict {d['verdict']}"
+                         + (f", fix: {d['fix']}" if d["fix"] != "-" else "") + f" (diagnose run {d['diagnose run']})")
+
+
+def mean(ctx: Context, arm: str, metric: str) -> float | None:
+    row = next((r for r in ctx.table if r["collapse"] == arm), None)
+    return row[f"_{metric}"]["mean"] if row else None
+
+
+def answer(ctx: Context) -> str:
+    verdict = ctx.diagnoses.get("pynative_o2", {}).get("verdict", "-")
+    gp = {arm: mean(ctx, arm, "critic/gp") for arm in ("pynative_fp32", "pynative_o2", "jit_fp32", "jit_o2")}
+    if None in gp.values():
+        return f"diagnose's verdict on the seed's run: {verdict} (the quick form lacks arms to compare)."
+    return (f"Not float16: in PYNATIVE the penalty stays high in FP32 as in O2 (critic GP {gp['pynative_fp32']:.3g} "
+            f"vs {gp['pynative_o2']:.3g}; under jit {gp['jit_fp32']:.3g} vs {gp['jit_o2']:.3g}, {seeds(ctx)} seeds), "
+            f"and diagnose calls the seed's run '{verdict}'.")
+
+
+STUDY.after = after
+
+if __name__ == "__main__":
+    sys.exit(run(STUDY, answer=answer))

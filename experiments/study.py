@@ -1,0 +1,390 @@
+"""What every case study shares: run its sweep, read it back, aggregate over seeds, publish.
+
+A study is a preset `conf/experiment/study_<name>.yaml` (a sweep whose jobs differ in the
+configuration compared and in `trainer.seed`) and a module `experiments/<name>.py` holding a
+`Study`: which swept keys name a configuration, which metrics to compare, which configuration
+is the reference, what to add after the sweep (diagnose's verdicts). Running one:
+
+    python -m experiments.<name>            # the default form (<= 15 minutes on 2 cores)
+    python -m experiments.<name> --full     # the full length
+    python -m experiments.<name> --quick    # the shortest form: checks that it runs (the tests use it)
+
+1. the sweep runs as `python -m ampgan.train -m +experiment=study_<name> ...` (a parent MLflow
+   run with one child per job, and the sweep's own report);
+2. its runs are read back from the store; each configuration's metrics are summarised over
+   seeds (mean, standard deviation, min-max, diverged seeds) and compared with the reference
+   configuration by Welch's t-test: a difference "exceeds seed noise" when p < 0.05;
+3. the table (`table.md`, `table.csv`, every run in `runs.csv`), the charts and a
+   self-contained `report.html` go to `outputs/studies/<name>/` and to the parent run under
+   `study/`, with the study's conclusion line as the parent's `ampgan.study_answer` tag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ampgan import AmpganError
+from ampgan.config import outputs_dir
+
+SEED_KEY = "trainer.seed"
+NOISE_P = 0.05          # Welch's t-test level at which a difference exceeds seed noise
+STUDY_DIR = "study"     # artifact folder on the sweep's parent run
+
+
+@dataclass
+class Group:
+    """One configuration of a study: its swept values and its runs' rows (one per seed)."""
+
+    key: tuple[str, ...]
+    rows: list[dict]
+
+    def values(self, metric: str) -> list[float]:
+        return [float(r[metric]) if isinstance(r.get(metric), (int, float)) else math.nan for r in self.rows]
+
+
+@dataclass
+class Study:
+    name: str
+    title: str
+    question: str
+    groups: list[str]                 # swept keys naming a configuration (the seed is not one)
+    metrics: list[str]                # row keys summarised over seeds; the first is the headline
+    reference: dict[str, str] = field(default_factory=dict)   # the configuration the others are compared with
+    quick: list[str] = field(default_factory=list)  # overrides of the shortest form
+    full: list[str] = field(default_factory=list)   # overrides of the full length
+    facet: str | None = None          # a group key drawn as one chart panel per value (e.g. data)
+    run_metrics: list[str] = field(default_factory=list)  # more MLflow metrics into the rows (last value)
+    after: Callable | None = None     # after(ctx) -> extra text / rows (diagnose's verdicts)
+    charts: Callable | None = None    # charts(ctx) -> {name: figure}, besides the seed-spread chart
+
+
+@dataclass
+class Context:
+    """What a study's `after` and `charts` hooks get: the sweep read back and where to write."""
+
+    study: Study
+    client: object
+    uri: str
+    parent: object
+    runs: list
+    rows: list[dict]
+    table: list[dict]
+    folder: Path
+    mode: str
+    echo: Callable = print
+    notes: list[str] = field(default_factory=list)
+    diagnoses: dict = field(default_factory=dict)   # what `after` learnt from diagnose, by arm
+
+
+# ---------------------------------------------------------------- running the sweep
+def sweep_command(study: Study, mode: str, sweep_dir: Path, uri: str | None, extra: list[str]) -> list[str]:
+    overrides = {"quick": study.quick, "full": study.full}.get(mode, [])
+    cmd = [sys.executable, "-m", "ampgan.train", "-m", f"+experiment=study_{study.name}", *overrides, *extra,
+           f"hydra.sweep.dir={sweep_dir}"]
+    return cmd + ([f"tracking.uri={uri}"] if uri else [])
+
+
+def run_sweep(cmd: list[str], sweep_dir: Path) -> dict:
+    """Run the sweep in a child process (its progress on this console); the parent-run record it wrote."""
+    proc = subprocess.run(cmd)
+    record = sweep_dir / "parent_run.json"
+    if not record.exists():
+        raise AmpganError(f"the sweep wrote no parent run (exit {proc.returncode}); is tracking.backend=mlflow?")
+    if proc.returncode != 0:
+        raise AmpganError(f"the sweep failed (exit {proc.returncode}); its runs: {sweep_dir}")
+    return json.loads(record.read_text())
+
+
+def arm_of(run, key: str) -> str:
+    """A job's option of an arm group (`+arm/<key>=<option>`), read from its recorded overrides."""
+    for item in run.data.tags.get("overrides", "").split(","):
+        name, _, value = item.lstrip("+~").partition("=")
+        if name in (key, f"arm/{key}"):
+            return value
+    return "-"
+
+
+# ---------------------------------------------------------------- seed statistics
+def welch_p(a: list[float], b: list[float]) -> float | None:
+    """Two-sided Welch t-test p-value of mean(a) != mean(b); None when either side has < 2 finite values."""
+    from scipy import stats
+
+    a = [x for x in a if math.isfinite(x)]
+    b = [x for x in b if math.isfinite(x)]
+    if len(a) < 2 or len(b) < 2:
+        return None
+    if np.std(a) == 0 and np.std(b) == 0:
+        return 1.0 if np.mean(a) == np.mean(b) else 0.0
+    return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+
+
+def spread(values: list[float]) -> dict:
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return {"mean": math.nan, "std": math.nan, "min": math.nan, "max": math.nan, "n": 0}
+    return {"mean": float(np.mean(finite)), "std": float(np.std(finite, ddof=1)) if len(finite) > 1 else 0.0,
+            "min": float(min(finite)), "max": float(max(finite)), "n": len(finite)}
+
+
+def group_rows(rows: list[dict], keys: list[str]) -> list[Group]:
+    groups: dict[tuple, Group] = {}
+    for r in rows:
+        k = tuple(str(r.get(key, "-")) for key in keys)
+        groups.setdefault(k, Group(k, [])).rows.append(r)
+    return list(groups.values())
+
+
+def _fmt(v: float) -> str:
+    return "-" if not math.isfinite(v) else f"{v:.3g}" if abs(v) >= 1e-3 or v == 0 else f"{v:.2e}"
+
+
+def seed_table(study: Study, rows: list[dict]) -> list[dict]:
+    """One row per configuration: mean +- std [min-max] of each metric over seeds, diverged seeds, and
+    (headline metric) the difference from the reference configuration with Welch's p."""
+    groups = group_rows(rows, study.groups)
+    ref = next((g for g in groups if _is_ref(g, study)), None) if study.reference else None
+    head = study.metrics[0]
+    out = []
+    for g in groups:
+        row: dict = dict(zip(study.groups, g.key))
+        row["seeds"] = len(g.rows)
+        row["diverged"] = sum(r.get("outcome") == "diverged" or r.get("status") != "FINISHED" for r in g.rows)
+        for m in study.metrics:
+            s = spread(g.values(m))
+            row[m] = f"{_fmt(s['mean'])} ± {_fmt(s['std'])} [{_fmt(s['min'])}-{_fmt(s['max'])}]" if s["n"] else "-"
+            row[f"_{m}"] = s
+        if ref is not None and g is not ref and study.reference.keys() <= set(study.groups):
+            r_facet = [gg for gg in groups if _same_except(gg.key, g.key, study) and _is_ref(gg, study)]
+            base = r_facet[0] if r_facet else ref
+            diff = spread(g.values(head))["mean"] - spread(base.values(head))["mean"]
+            p = welch_p(g.values(head), base.values(head))
+            row[f"{head} - ref"] = _fmt(diff)
+            row["p"] = "-" if p is None else f"{p:.3f}"
+            row["beyond noise"] = "-" if p is None else ("yes" if p < NOISE_P else "no")
+        out.append(row)
+    return out
+
+
+def _is_ref(g: Group, study: Study) -> bool:
+    return all(same_value(g.key[study.groups.index(k)], v) for k, v in study.reference.items())
+
+
+def same_value(a, b) -> bool:
+    """Swept values compared as numbers when both are ("100" == "100.0"), else as text."""
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return str(a) == str(b)
+
+
+def _same_except(a: tuple, b: tuple, study: Study) -> bool:
+    """Same configuration apart from the reference's keys (the reference within the same facet)."""
+    return all(x == y for k, x, y in zip(study.groups, a, b) if k not in study.reference)
+
+
+def public(table: list[dict]) -> list[dict]:
+    """The table without its hidden numeric columns (the `_metric` spreads)."""
+    return [{k: v for k, v in r.items() if not k.startswith("_")} for r in table]
+
+
+# ---------------------------------------------------------------- charts
+def chart_seed_spread(study: Study, rows: list[dict], metric: str | None = None):
+    """Each configuration's runs as dots (one per seed) with their mean; one panel per facet value."""
+    from ampgan.report import _figure
+
+    metric = metric or study.metrics[0]
+    facet = study.facet if study.facet in study.groups else None
+    facets = list(dict.fromkeys(str(r.get(facet)) for r in rows)) if facet else [None]
+    keys = [k for k in study.groups if k != facet]
+    fig, axes = _figure(len(facets), width=max(4.5, 0.55 * len(group_rows(rows, keys)) + 2), height=3.8)
+    for ax, fv in zip(axes[0], facets):
+        sub = [r for r in rows if facet is None or str(r.get(facet)) == fv]
+        groups = group_rows(sub, keys)
+        for i, g in enumerate(groups):
+            ys = g.values(metric)
+            finite = [y for y in ys if math.isfinite(y)]
+            ax.plot([i] * len(finite), finite, "o", color="tab:blue", alpha=0.6)
+            if finite:
+                ax.plot([i - 0.3, i + 0.3], [np.mean(finite)] * 2, "-", color="black")
+            if len(finite) < len(ys):
+                ax.annotate(f"{len(ys) - len(finite)} nan", (i, ax.get_ylim()[1]), ha="center", fontsize=7, color="red")
+        ax.set_xticks(range(len(groups)), ["-".join(g.key) for g in groups], rotation=35, ha="right", fontsize=8)
+        ax.set_ylabel(metric)
+        ax.set_title(f"{metric}{f' ({facet}={fv})' if fv else ''}: one dot per seed")
+        ax.grid(alpha=0.3)
+    return fig
+
+
+def chart_lines(rows: list[dict], x: str, series: str | None, metric: str, title: str, logx: bool = True):
+    """`metric` against a numeric swept key, one line (mean over seeds, min-max bars) per `series` value
+    (one line in all when `series` is None)."""
+    from ampgan.report import _figure
+
+    fig, axes = _figure(1)
+    ax = axes[0][0]
+    for sv in dict.fromkeys(str(r.get(series)) for r in rows):
+        pts: dict[float, list[float]] = {}
+        for r in rows:
+            if str(r.get(series)) == sv and isinstance(r.get(metric), (int, float)) and math.isfinite(r[metric]):
+                pts.setdefault(float(r[x]), []).append(float(r[metric]))
+        xs = sorted(pts)
+        if not xs:
+            continue
+        mean = [np.mean(pts[v]) for v in xs]
+        ax.errorbar(xs, mean, yerr=[[m - min(pts[v]) for m, v in zip(mean, xs)], [max(pts[v]) - m for m, v in zip(mean, xs)]],
+                    fmt="o-", capsize=3, label=f"{series}={sv}" if series else metric)
+    if logx:
+        ax.set_xscale("log")
+    ax.set_xlabel(x)
+    ax.set_ylabel(metric)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+# ---------------------------------------------------------------- diagnose from a study
+def quick_diagnose(ctx: Context) -> list[str]:
+    """Diagnose's overrides for the study's mode: two replayed iterations in the quick form."""
+    return ["diagnose.steps=2", "diagnose.locate=false"] if ctx.mode == "quick" else []
+
+
+def first_run(ctx: Context, **values: str):
+    """The study's run with these swept values and the lowest seed (None if there is none)."""
+    hits = [(int(r.get(SEED_KEY, 0) or 0), run_) for r, run_ in zip(ctx.rows, ctx.runs)
+            if all(same_value(r.get(k), v) for k, v in values.items())]
+    return min(hits, key=lambda h: h[0])[1] if hits else None
+
+
+def diagnose_run(run_id: str, uri: str, extra: list[str] = (), echo=print) -> dict:
+    """`python -m ampgan.diagnose diagnose.run=<run_id>` in a child process; its verdict, layer and fix."""
+    from ampgan.tracking import make_client
+
+    started = int(time.time() * 1000)
+    cmd = [sys.executable, "-m", "ampgan.diagnose", f"diagnose.run={run_id}", f"tracking.uri={uri}", *extra]
+    echo(f"study: {' '.join(cmd[1:])}")
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    client = make_client(uri)
+    exp = client.get_experiment_by_name("ampgan-diagnose")
+    found = client.search_runs([exp.experiment_id], f"tags.`ampgan.diagnosed_run` = '{run_id}' and "
+                               f"attributes.start_time >= {started}", order_by=["attributes.start_time DESC"],
+                               max_results=1) if exp else []
+    if not found:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise AmpganError(f"diagnose of run {run_id} made no run (exit {proc.returncode}): {tail[0]}")
+    t = found[0].data.tags
+    return {"verdict": t.get("ampgan.verdict", "-"), "layer": t.get("ampgan.layer", "-") or "-",
+            "fix": t.get("ampgan.fix", "-"), "diagnose run": found[0].info.run_id, "exit": proc.returncode,
+            "text": proc.stdout}
+
+
+# ---------------------------------------------------------------- publishing
+def publish(ctx: Context, pngs: dict[str, bytes], answer: str) -> Path:
+    from ampgan.report import csv_text, html_page, markdown
+
+    folder, study = ctx.folder, ctx.study
+    table = public(ctx.table)
+    (folder / "table.md").write_text(markdown(table) + "\n")
+    (folder / "table.csv").write_text(csv_text(table))
+    (folder / "runs.csv").write_text(csv_text(ctx.rows))
+    for name, png in pngs.items():
+        (folder / f"{name}.png").write_bytes(png)
+    notes = "\n".join(ctx.notes)
+    (folder / "answer.md").write_text(f"{answer}\n" + (f"\n{notes}\n" if notes else ""))
+    summary = f"{study.question} Mode: {ctx.mode}; {len(ctx.runs)} runs. Answer: {answer}"
+    (folder / "report.html").write_text(html_page(f"study {study.name}: {study.title}", summary, table, pngs, notes))
+    pid = ctx.parent.info.run_id
+    for name in [f"{n}.png" for n in pngs] + ["table.md", "table.csv", "runs.csv", "answer.md", "report.html"]:
+        ctx.client.log_artifact(pid, str(folder / name), STUDY_DIR)
+    ctx.client.set_tag(pid, "ampgan.study", study.name)
+    ctx.client.set_tag(pid, "ampgan.study_answer", answer[:5000])
+    return folder
+
+
+def run(study: Study, argv: list[str] | None = None, answer: Callable[[Context], str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=f"python -m experiments.{study.name}", description=f"{study.title}: {study.question}")
+    length = parser.add_mutually_exclusive_group()
+    length.add_argument("--full", action="store_true", help="the full length (longer runs)")
+    length.add_argument("--quick", action="store_true", help="the shortest form (checks that the study runs)")
+    parser.add_argument("--uri", default=None, help="MLflow tracking URI (default: the embedded store)")
+    parser.add_argument("--out", type=Path, default=None, help="folder for the table and charts (default outputs/studies/<name>)")
+    parser.add_argument("overrides", nargs="*", help="more train overrides for every job (key=value)")
+    args = parser.parse_args(argv)
+    mode = "full" if args.full else "quick" if args.quick else "default"
+    try:
+        return _run(study, args, mode, answer)
+    except AmpganError as err:
+        print(f"ampgan: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _run(study: Study, args, mode: str, answer) -> int:
+    from ampgan.report import figure_png, summarize
+    from ampgan.tracking import make_client
+
+    started = time.perf_counter()
+    folder = Path(args.out or outputs_dir() / "studies" / (study.name + ("" if mode == "default" else f"-{mode}")))
+    folder.mkdir(parents=True, exist_ok=True)
+    sweep_dir = folder / "sweep" / time.strftime("%Y-%m-%d_%H-%M-%S")
+    cmd = sweep_command(study, mode, sweep_dir, args.uri, list(args.overrides))
+    print(f"study {study.name} ({mode}): {' '.join(cmd[1:])}", flush=True)
+    record = run_sweep(cmd, sweep_dir)
+    client = make_client(record["uri"])
+    parent = client.get_run(record["run_id"])
+    from ampgan.report import children_of
+
+    runs = children_of(client, parent)
+    varies = [k for k in study.groups + [SEED_KEY]]
+    rows = [summarize(client, r, varies) for r in runs]
+    for r, run_ in zip(rows, runs):
+        r.update({k: arm_of(run_, k) for k in varies if r.get(k) in (None, "-")})
+        r.update({k: run_.data.metrics.get(k) for k in study.run_metrics})
+        r["run_id"] = run_.info.run_id
+    ctx = Context(study, client, record["uri"], parent, runs, rows, seed_table(study, rows), folder, mode)
+    if study.after is not None:
+        study.after(ctx)
+    figs = {"seed_spread": chart_seed_spread(study, rows)}
+    if study.charts is not None:
+        figs.update(study.charts(ctx))
+    pngs = {name: figure_png(fig) for name, fig in figs.items() if fig is not None}
+    text = answer(ctx) if answer else ""
+    publish(ctx, pngs, text)
+    minutes = (time.perf_counter() - started) / 60
+    client.set_tag(parent.info.run_id, "ampgan.study_minutes", f"{minutes:.1f}")
+    from ampgan.report import markdown
+
+    print(markdown(public(ctx.table)))
+    for line in ctx.notes:
+        print(line)
+    print(f"answer: {text}")
+    print(f"study {study.name} ({mode}) took {minutes:.1f} min; table and charts: {folder} "
+          f"and parent run {parent.info.run_id} ({STUDY_DIR}/)")
+    return 0
+
+
+def beyond_noise(ctx: Context, lower_is_better: bool) -> tuple[list[str], list[str]]:
+    """The configurations whose headline metric differs from the reference's beyond seed noise: (worse, better)."""
+    head, worse, better = ctx.study.metrics[0], [], []
+    for r in ctx.table:
+        if r.get("beyond noise") != "yes":
+            continue
+        name = "/".join(str(r[k]) for k in ctx.study.groups)
+        diff = float(r[f"{head} - ref"])
+        (worse if (diff > 0) == lower_is_better else better).append(f"{name} ({head} {'+' if diff > 0 else ''}{r[f'{head} - ref']}, p {r['p']})")
+    return worse, better
+
+
+def seeds(ctx: Context) -> str:
+    """The seeds per configuration, as a range when they differ ("3", "2-3")."""
+    n = sorted({int(r["seeds"]) for r in ctx.table})
+    return str(n[0]) if len(n) == 1 else f"{n[0]}-{n[-1]}"

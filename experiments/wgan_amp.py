@@ -1,0 +1,47 @@
+"""Study 1, WGAN-GP under AMP: which differences from FP32 exceed seed noise?
+
+FP32 against O2 and O3 with each loss scale (dynamic, underflow-aware, fixed + clipping,
+static) and with the gradient penalty through an FP32 twin, on 8 Gaussians, 25 Gaussians and
+8x8 digits, three seeds each (`conf/experiment/study_wgan_amp.yaml`).
+
+    python -m experiments.wgan_amp [--full | --quick]
+"""
+
+from __future__ import annotations
+
+import sys
+
+from experiments.study import Context, Study, beyond_noise, run, seeds
+
+STUDY = Study(
+    name="wgan_amp",
+    title="WGAN-GP under AMP",
+    question="Does O2 or O3, with any loss scale or an FP32 gradient penalty, train a WGAN-GP differently from FP32 beyond seed noise?",
+    groups=["wgan_data", "wgan_amp"],
+    metrics=["swd", "modes_covered", "critic skipped", "critic final scale", "critic underflow (mean)", "critic clip rate"],
+    reference={"wgan_amp": "fp32"},
+    facet="wgan_data",
+    quick=["+arm/wgan_data=gaussians8", "+arm/wgan_amp=fp32,o2_dynamic", "trainer.seed=0,1", "trainer.max_steps=4",
+           "trainer.eval_samples=200"],
+    full=["+arm/wgan_amp=fp32,o2_dynamic,o2_underflow_aware,o2_fixed_clip,o2_static,o2_fp32_gp,"
+          "o3_dynamic,o3_underflow_aware,o3_fixed_clip,o3_static,o3_fp32_gp", "trainer.max_steps=1000",
+          "trainer.eval_every=250"],
+)
+
+
+def answer(ctx: Context) -> str:
+    worse, better = beyond_noise(ctx, lower_is_better=True)
+    n = sum(1 for r in ctx.table if r.get("beyond noise") in ("yes", "no"))
+    if not worse and not better:
+        return (f"None of the {n} AMP configurations differs from FP32 in swd beyond seed noise "
+                f"(Welch p >= 0.05, {seeds(ctx)} seeds each).")
+    parts = []
+    if worse:
+        parts.append("worse than FP32: " + ", ".join(worse))
+    if better:
+        parts.append("better than FP32: " + ", ".join(better))
+    return f"{n - len(worse) - len(better)} of {n} AMP configurations match FP32 within seed noise; " + "; ".join(parts) + "."
+
+
+if __name__ == "__main__":
+    sys.exit(run(STUDY, answer=answer))

@@ -1,0 +1,89 @@
+"""The case studies (experiments/<study>.py): their statistics, and each one's shortest form end to end."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from experiments.study import Context, Study, arm_of, beyond_noise, same_value, seed_table, welch_p
+from tests.conftest import ROOT, all_runs
+
+STUDIES = ("wgan_amp", "collapse", "underflow", "classifier_nan", "clip_threshold")
+
+
+def _rows(values: dict[tuple[str, str], list[float]]) -> list[dict]:
+    return [{"data": d, "arm": a, "trainer.seed": str(i), "swd": v, "status": "FINISHED", "outcome": "completed"}
+            for (d, a), vs in values.items() for i, v in enumerate(vs)]
+
+
+STUDY = Study(name="t", title="t", question="q", groups=["data", "arm"], metrics=["swd"], reference={"arm": "fp32"},
+              facet="data")
+
+
+def test_seed_table_compares_each_configuration_with_the_reference_of_its_own_facet():
+    rows = _rows({("a", "fp32"): [1.0, 1.1, 0.9], ("a", "o2"): [3.0, 3.1, 2.9], ("a", "o3"): [1.05, 0.95, 1.0],
+                  ("b", "fp32"): [3.0, 3.1, 2.9], ("b", "o2"): [3.05, 2.95, 3.0]})
+    table = {(r["data"], r["arm"]): r for r in seed_table(STUDY, rows)}
+    assert table[("a", "o2")]["beyond noise"] == "yes" and float(table[("a", "o2")]["swd - ref"]) == pytest.approx(2.0)
+    assert table[("a", "o3")]["beyond noise"] == "no"
+    # b/o2 is compared with b/fp32 (3.0), not with a/fp32 (1.0)
+    assert table[("b", "o2")]["beyond noise"] == "no" and float(table[("b", "o2")]["swd - ref"]) == pytest.approx(0.0)
+    assert "beyond noise" not in table[("a", "fp32")]
+    assert table[("a", "o2")]["seeds"] == 3 and table[("a", "o2")]["_swd"]["min"] == 2.9
+    ctx = Context(STUDY, None, "", None, [], rows, list(table.values()), ROOT, "default")
+    worse, better = beyond_noise(ctx, lower_is_better=True)
+    assert [w.split(" ")[0] for w in worse] == ["a/o2"] and better == []
+
+
+def test_diverged_seeds_are_counted_and_left_out_of_the_spread():
+    rows = _rows({("a", "fp32"): [1.0, 1.1, 0.9], ("a", "o2"): [1.0, math.nan, 1.1]})
+    rows[4]["outcome"] = "diverged"
+    o2 = next(r for r in seed_table(STUDY, rows) if r["arm"] == "o2")
+    assert o2["diverged"] == 1 and o2["_swd"]["n"] == 2 and o2["_swd"]["mean"] == pytest.approx(1.05)
+
+
+def test_welch_and_value_matching():
+    assert welch_p([1.0, 1.0], [1.0, 1.0]) == 1.0
+    assert welch_p([1.0], [2.0, 3.0]) is None
+    assert welch_p([1.0, 1.1, 0.9], [5.0, 5.1, 4.9]) < 0.01
+    assert same_value("100", "100.0") and not same_value("o2", "o3")
+
+    class Run:
+        class data:  # noqa: N801 - a stand-in for an MLflow run's data
+            tags = {"overrides": "+arm/wgan_amp=o2_dynamic,trainer.seed=1,+experiment=study_wgan_amp"}
+
+    assert arm_of(Run, "wgan_amp") == "o2_dynamic" and arm_of(Run, "nothing") == "-"
+
+
+@pytest.mark.parametrize("name", STUDIES)
+def test_each_study_runs_its_shortest_form_and_publishes_to_its_sweep(name, outputs):
+    env = {**os.environ, "AMPGAN_OUTPUTS": str(outputs), "GLOG_v": "3"}
+    proc = subprocess.run([sys.executable, "-m", f"experiments.{name}", "--quick"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    folder = outputs / "studies" / f"{name}-quick"
+    table = (folder / "table.md").read_text()
+    for f in ("table.csv", "runs.csv", "seed_spread.png", "report.html", "answer.md"):
+        assert (folder / f).stat().st_size > 0, f
+    assert "answer:" in proc.stdout and "±" in table
+    client, runs = all_runs(outputs)
+    assert runs and all(r.info.status == "FINISHED" for r in runs), [(r.info.run_name, r.info.status) for r in runs]
+    parent = next(r for r in runs if r.data.tags.get("ampgan.study") == name)
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(children) == 4   # two configurations x two seeds
+    assert len(table.strip().splitlines()) == 2 + 2   # header, rule, one row per configuration
+    published = {a.path for a in client.list_artifacts(parent.info.run_id, "study")}
+    assert {"study/table.md", "study/report.html", "study/seed_spread.png"} <= published
+    assert parent.data.tags["ampgan.study_answer"] == (folder / "answer.md").read_text().splitlines()[0]
+    verdicts = {r.data.tags["ampgan.diagnosed_run"]: r.data.tags["ampgan.verdict"]
+                for r in runs if r.data.tags.get("ampgan.kind") == "diagnose"}
+    names = {r.info.run_id: r.info.run_name for r in children}
+    by_arm = {names[run_id].rsplit("-", 1)[0]: v for run_id, v in verdicts.items()}
+    expected = {"collapse": {"o2-dynamic-pynative_o2": "framework", "o2-dynamic-jit_o2": "healthy"},
+                "underflow": {"o2-none-o2_none": "underflow"},
+                "classifier_nan": {"o2-none-lr=0.01-o2": "healthy"}}.get(name, {})
+    assert by_arm == expected
