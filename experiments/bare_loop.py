@@ -1,19 +1,63 @@
-"""The baseline for `make bench`: WGAN-GP written by hand in plain MindSpore, as a user would.
+"""The baselines for `make bench`: ampgan's models trained by hand in plain MindSpore, as a user would.
 
-Same nets (ampgan.models), same data and sampling, same work per step: jitted critic step
-with the gradient penalty by double backprop, jitted generator step, MindSpore's own
-`amp.DynamicLossScaler`, `mint.optim.Adam`, the update skipped on overflow. It fetches the
-loss every 100 iterations (a hand-written loop prints now and then); no health, no tracking.
-Read it side by side with ampgan/steps/gan.py and ampgan/steps/common.py.
+Same nets (ampgan.models), same data and sampling, same work per step: `mint.optim.Adam`,
+MindSpore's own `amp.auto_mixed_precision` and `amp.DynamicLossScaler`, and the step of
+MindSpore's mixed-precision tutorial (`train_step`): scaled backward, unscale, `all_finite`,
+adjust the scale, update only when finite, all under `ms.jit`. A loop fetches its loss every
+100 iterations (a hand-written loop prints now and then); no health, no tracking.
+
+- `BareWganGp`: WGAN-GP, the critic step with the gradient penalty by double backprop, then
+  the generator step. The nets follow the data as in ampgan: MLPs for 2-D points, small conv
+  nets for images (digits). Read it beside ampgan/steps/gan.py and ampgan/steps/common.py.
+- `BareClassifier`: the backbone + head classifier, softmax cross-entropy. Read it beside
+  ampgan/steps/classifier.py.
+
+What the loops share is what a user writing both would share too: the tutorial's step and an
+epoch-by-epoch batch sampler. Everything model-specific stays inline.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterator
 
 import mindspore as ms
 import numpy as np
 from mindspore import amp, mint, ops
 
-from ampgan.models import Critic, Generator
+from ampgan.models import Classifier, Critic, Generator
+
+FETCH_EVERY = 100  # iterations between two loss fetches (a hand-written loop's occasional print)
+
+
+def train_step(loss_fn: Callable, weights, optimizer, scaler: amp.DynamicLossScaler) -> Callable:
+    """`loss_fn(*inputs) -> loss` as a jitted step -> loss, the step of MindSpore's AMP tutorial:
+    backward of the scaled loss, unscale, update (and grow the scale) only when every gradient is finite."""
+
+    def scaled_loss(*inputs):
+        loss = loss_fn(*inputs)
+        return scaler.scale(loss), loss
+
+    grad_fn = ms.value_and_grad(scaled_loss, None, weights, has_aux=True)
+
+    @ms.jit
+    def step(*inputs):
+        (_, loss), grads = grad_fn(*inputs)
+        grads = scaler.unscale(grads)
+        finite = amp.all_finite(grads)
+        scaler.adjust(finite)
+        if finite:
+            optimizer(grads)
+        return loss
+
+    return step
+
+
+def batch_indices(n: int, batch_size: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
+    """Endless mini-batch indices: a fresh permutation each epoch, the incomplete last batch dropped."""
+    while True:
+        order = rng.permutation(n)
+        for start in range(0, n - batch_size + 1, batch_size):
+            yield order[start : start + batch_size]
 
 
 class BareWganGp:
@@ -43,49 +87,18 @@ class BareWganGp:
             x_hat = alpha * real + (1 - alpha) * fake
             g = input_grad(x_hat)
             gp = ops.square(ops.sqrt(ops.square(g).reshape(g.shape[0], -1).sum(1) + 1e-12) - 1).mean()
-            loss = critic(fake).mean() - critic(real).mean() + gp_lambda * gp
-            return scaler_d.scale(loss), loss
+            return critic(fake).mean() - critic(real).mean() + gp_lambda * gp
 
         def generator_loss(z):
-            loss = -critic(gen(z)).mean()
-            return scaler_g.scale(loss), loss
+            return -critic(gen(z)).mean()
 
-        grad_d = ms.value_and_grad(critic_loss, None, critic.trainable_params(), has_aux=True)
-        grad_g = ms.value_and_grad(generator_loss, None, gen.trainable_params(), has_aux=True)
-
-        @ms.jit
-        def critic_step(real, z, alpha):
-            (_, loss), grads = grad_d(real, z, alpha)
-            grads = scaler_d.unscale(grads)
-            finite = amp.all_finite(grads)
-            scaler_d.adjust(finite)
-            if finite:
-                opt_d(grads)
-            return loss
-
-        @ms.jit
-        def generator_step(z):
-            (_, loss), grads = grad_g(z)
-            grads = scaler_g.unscale(grads)
-            finite = amp.all_finite(grads)
-            scaler_g.adjust(finite)
-            if finite:
-                opt_g(grads)
-            return loss
-
-        self.critic_step, self.generator_step = critic_step, generator_step
+        self.critic_step = train_step(critic_loss, critic.trainable_params(), opt_d, scaler_d)
+        self.generator_step = train_step(generator_loss, gen.trainable_params(), opt_g, scaler_g)
         self.x, self.batch_size, self.n_critic, self.z_dim = x_train, batch_size, n_critic, z_dim
         self.rng = np.random.default_rng(seed)
+        self.batches = batch_indices(len(x_train), batch_size, self.rng)
         self.alpha_shape = (batch_size,) + (1,) * len(shape)
         self.iteration = 0
-        self._order, self._pos = np.empty(0, np.int64), 0
-
-    def _real(self) -> np.ndarray:
-        if self._pos + self.batch_size > len(self._order):
-            self._order, self._pos = self.rng.permutation(len(self.x)), 0
-        idx = self._order[self._pos : self._pos + self.batch_size]
-        self._pos += self.batch_size
-        return self.x[idx]
 
     def _z(self) -> ms.Tensor:
         return ms.Tensor(self.rng.standard_normal((self.batch_size, self.z_dim)).astype(np.float32))
@@ -94,9 +107,40 @@ class BareWganGp:
         for _ in range(iterations):
             for _ in range(self.n_critic):
                 alpha = self.rng.uniform(size=self.alpha_shape).astype(np.float32)
-                self.critic_step(ms.Tensor(self._real()), self._z(), ms.Tensor(alpha))
+                self.critic_step(ms.Tensor(self.x[next(self.batches)]), self._z(), ms.Tensor(alpha))
             loss = self.generator_step(self._z())
             self.iteration += 1
-            if self.iteration % 100 == 0:
+            if self.iteration % FETCH_EVERY == 0:
+                loss.asnumpy()
+        loss.asnumpy()  # the timed block ends when its work is done
+
+
+class BareClassifier:
+    def __init__(self, x_train: np.ndarray, y_train: np.ndarray, *, n_classes: int, width: int, batch_size: int,
+                 lr: float, betas: tuple[float, float], amp_level: str, init_scale: float, factor: int,
+                 window: int, seed: int = 0):
+        ms.set_seed(seed)
+        net = Classifier(x_train.shape[1:], n_classes, width)
+        net.update_parameters_name("bare_classifier.")
+        if amp_level != "O0":
+            net = amp.auto_mixed_precision(net, amp_level)
+        net.set_train()  # BatchNorm on batch statistics (a Cell starts in inference mode)
+        optimizer = mint.optim.Adam(net.trainable_params(), lr=lr, betas=betas)
+        scaler = amp.DynamicLossScaler(init_scale, factor, window)
+
+        def loss_fn(x, y):
+            return ops.cross_entropy(net(x).astype(ms.float32), y)
+
+        self.step = train_step(loss_fn, net.trainable_params(), optimizer, scaler)
+        self.x, self.y = x_train, y_train
+        self.batches = batch_indices(len(x_train), batch_size, np.random.default_rng(seed))
+        self.iteration = 0
+
+    def run(self, iterations: int) -> None:
+        for _ in range(iterations):
+            idx = next(self.batches)
+            loss = self.step(ms.Tensor(self.x[idx]), ms.Tensor(self.y[idx]))
+            self.iteration += 1
+            if self.iteration % FETCH_EVERY == 0:
                 loss.asnumpy()
         loss.asnumpy()  # the timed block ends when its work is done

@@ -1,17 +1,27 @@
 """`make bench`: what ampgan costs over bare MindSpore, and what each feature costs.
 
 Every comparison builds its variants once (graphs compiled and warmed), then times blocks
-of training iterations interleaved A B A B ... so machine drift hits all variants alike.
-A figure is the median over the repeats, with min and max to show the noise; a ratio is
-taken pair by pair (A's block over B's block in the same round). Periodic work
+of training iterations interleaved A B, B A, A B ... (the order flips each round, so a drift
+of the machine within a round favours neither variant). A figure is the median over the
+rounds, with min and max to show the noise; a ratio is taken round by round (the variant's
+block over the baseline's block in the same round), and beside its median stands a 95%
+bootstrap interval over the rounds. A target counts as met only when the whole interval is
+below it ("met"); "not met" when the whole interval is above it; "unresolved" when the
+interval straddles it (the machine was too noisy to tell). The headline pairs (ampgan vs a
+bare MindSpore loop, for each model; gradient health; tracking) time 4x more rounds of
+half-length blocks than the other comparisons, to resolve a 2% difference. Periodic work
 (evaluation, checkpoints) is switched off in the timed blocks; metric logging keeps its
-default cadence. Results: outputs/bench/bench.md, outputs/bench/bench.json, and an
-MLflow run in the experiment "ampgan-bench".
+default cadence. Memory: the peak RSS of the default `python -m ampgan.train` run, and RSS
+over a long in-process run (`--memory-steps`). Results: outputs/bench/bench.md,
+outputs/bench/bench.json, and an MLflow run in the experiment "ampgan-bench".
 
-    python -m experiments.bench                 # everything, ~6-8 min on 2 CPU cores
-    python -m experiments.bench --quick         # fewer repeats, smaller blocks
-    python -m experiments.bench --device GPU    # on a GPU machine: AMP's real speed-up too
+    python -m experiments.bench                    # everything, ~45 min on 2 CPU cores (30+ of them the memory run)
+    python -m experiments.bench --memory-steps 0   # without the long memory run, ~13 min
+    python -m experiments.bench --quick            # fewer rounds, smaller blocks, short memory runs (~7 min)
+    python -m experiments.bench --device GPU       # on a GPU machine: AMP's real speed-up too
     python -m experiments.bench --only diagnose --no-startup   # diagnose's replay cost alone
+    python -m experiments.bench --only memory --no-startup     # memory alone
+    python -m experiments.bench --only "ampgan vs bare"        # the three bare-loop comparisons
 """
 
 from __future__ import annotations
@@ -26,41 +36,117 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from hydra import compose, initialize_config_dir
 
 from ampgan import hardware  # first: it quiets MindSpore's C++ logging before MindSpore loads
-from ampgan.config import CONF_DIR, outputs_dir, validate
-from ampgan.data import build_dataset
+from ampgan.config import CONF_DIR, Settings, outputs_dir, validate
+from ampgan.data import Dataset, build_dataset
 from ampgan.tasks import build_task
 from ampgan.tracking import MlflowTracker, build_tracker
 from ampgan.trainer import Progress, run_steps, tracked_run
-from experiments.bare_loop import BareWganGp
+from experiments.bare_loop import BareClassifier, BareWganGp
 
-GAN = ["model=wgan_gp", "data=gaussians8", "trainer.eval_every=0", "trainer.checkpoint_every=0",
-       "trainer.print_every=100000", "trainer.max_steps=1000000"]
-CLASSIFIER = ["model=classifier", "data=digits", "trainer=classifier", "trainer.eval_every=0",
-              "trainer.checkpoint_every=0", "trainer.print_every=100000", "trainer.max_steps=1000000"]
+PERIODIC_OFF = ["trainer.eval_every=0", "trainer.checkpoint_every=0", "trainer.print_every=100000",
+                "trainer.max_steps=1000000"]
+GAN = ["model=wgan_gp", "data=gaussians8", *PERIODIC_OFF]
+CONV_GAN = ["model=wgan_gp", "data=digits", "data.image_size=8", "model.hidden=16", "model.z_dim=32",
+            "model.gp_lambda=10", "trainer.batch_size=64", *PERIODIC_OFF]
+CLASSIFIER = ["model=classifier", "data=digits", "trainer=classifier", *PERIODIC_OFF]
+O2_DYNAMIC = ["amp=o2", "scaler=dynamic"]
+LIKE_BARE = ["trainer.grad_health=false", "tracking=none"]  # what the bare loops leave out
+
+# The issue's targets: the most a feature (or ampgan itself) may cost, as a ratio over its baseline.
+TARGET_AMPGAN_VS_BARE = 1.02
+TARGET_HEALTH = 1.03
+TARGET_TRACKING = 1.02
+TARGET_DIAGNOSE = 3.0
+TARGET_MEMORY_GROWTH_PCT = 5.0
+
+HEADLINE_ROUNDS = 4.0  # the headline pairs: 4x the --repeats rounds (20 by default), of half-length blocks
+
+# ampgan vs bare, one comparison per model: (name, overrides, block length relative to the MLP
+# WGAN-GP's headline block), so that a block takes about the same wall time for each model. On 2
+# CPU cores an O2 iteration of either WGAN-GP (5 critic steps + 1 generator step) takes ~130 ms;
+# an O2 classifier step ~1 s (MindSpore's float16 convolutions on CPU), so its blocks are 1 step.
+BARE_MODELS = [
+    ("ampgan vs bare MindSpore (WGAN-GP O2 dynamic, health off, no tracking)", GAN, 1.0),
+    ("ampgan vs bare MindSpore: conv WGAN-GP (digits 8x8, O2 dynamic, health off, no tracking)", CONV_GAN, 1.0),
+    ("ampgan vs bare MindSpore: classifier (digits, O2 dynamic, health off, no tracking)", CLASSIFIER, 0.125),
+]
+
+CI_LEVEL = 0.95
+CI_RESAMPLES = 2000
+CI_SEED = 0  # a fixed seed: the same timings always give the same interval
+
+
+def bootstrap_ci(ratios: Sequence[float], resamples: int = CI_RESAMPLES, level: float = CI_LEVEL,
+                 seed: int = CI_SEED) -> tuple[float, float]:
+    """Percentile-bootstrap interval of the median of `ratios` (one per round).
+
+    Resample the rounds with replacement `resamples` times, take each resample's median, and
+    return the (1 - level) / 2 and (1 + level) / 2 percentiles of those medians. Rounds are the
+    unit of resampling because a round's ratio already cancels the drift its two blocks share.
+    """
+    x = np.asarray(ratios, dtype=np.float64)
+    if x.size == 0:
+        raise ValueError("bootstrap_ci needs at least one ratio")
+    picks = np.random.default_rng(seed).integers(0, x.size, size=(resamples, x.size))
+    medians = np.median(x[picks], axis=1)
+    low, high = np.percentile(medians, [50 * (1 - level), 50 * (1 + level)])
+    return float(low), float(high)
+
+
+def verdict(interval: tuple[float, float], target: float) -> str:
+    """'met' when the whole interval is below `target`, 'not met' when it is all above, else 'unresolved'."""
+    low, high = interval
+    if high < target:
+        return "met"
+    if low > target:
+        return "not met"
+    return "unresolved"
+
+
+def ratio_row(comparison: str, variant: str, times: Sequence[float], base_times: Sequence[float],
+              baseline: str, target: float | None = None) -> dict:
+    """One row of the table: the variant's time per iteration (median [min-max]) and its ratio to
+    the baseline, round by round: median [min-max], 95% bootstrap interval, verdict against `target`."""
+    ratios = [a / b for a, b in zip(times, base_times)]
+    low, high = bootstrap_ci(ratios)
+    row = {"comparison": comparison, "variant": variant, "rounds": len(ratios),
+           "ms_per_iteration": 1e3 * statistics.median(times), "ms_min": 1e3 * min(times), "ms_max": 1e3 * max(times),
+           "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+           "ci_low": low, "ci_high": high, "baseline": baseline}
+    if target is not None and variant != baseline:
+        row.update(target=target, verdict=verdict((low, high), target))
+    return row
+
+
+def settings_for(overrides: list[str], device: str) -> Settings:
+    """The validated settings `python -m ampgan.train <overrides> hardware=<device>` would run with."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=overrides + [f"hardware={device.lower()}"])
+    return validate(cfg)
 
 
 class AmpganRunner:
-    """ampgan's own loop (`trainer.run_steps`) on a task built exactly as `train()` builds it."""
+    """ampgan's own loop (`trainer.run_steps`) on a task and tracker built exactly as `train()` builds them."""
 
     def __init__(self, overrides: list[str], store: str, device: str):
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name="train", overrides=overrides + [f"hardware={device.lower()}"])
-        self.settings = s = validate(cfg)
+        self.settings = s = settings_for(overrides, device)
         if s.tracking.backend == "mlflow":
             s.tracking.uri = store
         hardware.setup(s.hardware, s.trainer.seed)
         self.task = build_task(s, build_dataset(s.data))
-        self.tracker = build_tracker(s.tracking)
-        self.tracker.start("bench-variant", {}, {"bench": "variant"})
         self.run_dir = Path(tempfile.mkdtemp(prefix="ampgan-bench-"))
-        self.progress, self.step = Progress(s.trainer.max_steps), 1
+        self.tracker = build_tracker(s.tracking, self.run_dir)  # journals metrics in the run folder, as train() does
+        self.tracker.start("bench-variant", {}, {"bench": "variant"})
+        t = s.trainer
+        self.progress, self.step = Progress(t.max_steps, 0, t.print_every, t.print_seconds), 1
 
     def run(self, iterations: int) -> None:
         steps = range(self.step, self.step + iterations)
@@ -71,17 +157,31 @@ class AmpganRunner:
         self.tracker.finish("FINISHED")
 
 
+def _bare_wgan_gp(s: Settings, data: Dataset) -> BareWganGp:
+    m, sc = s.model, s.scaler
+    return BareWganGp(data.x_train, z_dim=m.z_dim, hidden=m.hidden, depth=m.depth, batch_size=s.trainer.batch_size,
+                      n_critic=m.n_critic, gp_lambda=m.gp_lambda, lr=m.lr_d, betas=tuple(m.betas),
+                      amp_level=s.amp.level, init_scale=sc.init_scale, factor=sc.factor, window=sc.window,
+                      seed=s.trainer.seed)
+
+
+def _bare_classifier(s: Settings, data: Dataset) -> BareClassifier:
+    m, sc = s.model, s.scaler
+    return BareClassifier(data.x_train, data.y_train, n_classes=data.n_classes, width=m.width,
+                          batch_size=s.trainer.batch_size, lr=m.lr, betas=tuple(m.betas), amp_level=s.amp.level,
+                          init_scale=sc.init_scale, factor=sc.factor, window=sc.window, seed=s.trainer.seed)
+
+
+BARE_LOOPS = {"wgan_gp": _bare_wgan_gp, "classifier": _bare_classifier}  # model.name -> its bare loop
+
+
 class BareRunner:
+    """The hand-written MindSpore loop (experiments/bare_loop.py) for the model and settings the overrides choose."""
+
     def __init__(self, overrides: list[str], device: str):
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name="train", overrides=overrides + [f"hardware={device.lower()}"])
-        s = validate(cfg)
+        s = settings_for(overrides, device)
         hardware.setup(s.hardware, s.trainer.seed)
-        m, sc = s.model, s.scaler
-        self.loop = BareWganGp(build_dataset(s.data).x_train, z_dim=m.z_dim, hidden=m.hidden, depth=m.depth,
-                               batch_size=s.trainer.batch_size, n_critic=m.n_critic, gp_lambda=m.gp_lambda,
-                               lr=m.lr_d, betas=tuple(m.betas), amp_level=s.amp.level,
-                               init_scale=sc.init_scale, factor=sc.factor, window=sc.window, seed=s.trainer.seed)
+        self.loop = BARE_LOOPS[s.model.name](s, build_dataset(s.data))
 
     def run(self, iterations: int) -> None:
         self.loop.run(iterations)
@@ -94,39 +194,30 @@ class Comparison:
     name: str
     variants: dict[str, Callable]          # label -> runner factory (built when measured)
     baseline: str
-    iterations: int
+    iterations: int                        # per timed block
     target: float | None = None            # max ratio over the baseline, where there is one
     rounds: float = 1.0                    # x the --repeats rounds (the headline figures get more)
     times: dict[str, list[float]] = field(default_factory=dict)
 
     def measure(self, repeats: int) -> None:
-        repeats = max(3, round(repeats * self.rounds))
+        """Build and warm every variant, then time one block of each per round, the order flipped each round."""
+        rounds = max(3, round(repeats * self.rounds))
         runners = {label: make() for label, make in self.variants.items()}
         for runner in runners.values():
             runner.run(2)  # compile and warm up
         self.times = {label: [] for label in runners}
-        for _ in range(repeats):
-            for label, runner in runners.items():
+        labels = list(runners)
+        for r in range(rounds):
+            for label in labels if r % 2 == 0 else labels[::-1]:
                 t = time.perf_counter()
-                runner.run(self.iterations)
+                runners[label].run(self.iterations)
                 self.times[label].append((time.perf_counter() - t) / self.iterations)
         for runner in runners.values():
             runner.close()
 
     def rows(self) -> list[dict]:
         base = self.times[self.baseline]
-        out = []
-        for label, ts in self.times.items():
-            ratios = [a / b for a, b in zip(ts, base)]
-            row = {"comparison": self.name, "variant": label, "ms_per_iteration": 1e3 * statistics.median(ts),
-                   "ms_min": 1e3 * min(ts), "ms_max": 1e3 * max(ts),
-                   "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-                   "baseline": self.baseline}
-            if self.target is not None and label != self.baseline:
-                row["target"] = self.target
-                row["met"] = row["ratio"] <= self.target
-            out.append(row)
-        return out
+        return [ratio_row(self.name, label, ts, base, self.baseline, self.target) for label, ts in self.times.items()]
 
 
 def comparisons(store: str, device: str, quick: bool, only: str = ""):
@@ -137,19 +228,23 @@ def comparisons(store: str, device: str, quick: bool, only: str = ""):
 
 
 def _comparisons(store: str, device: str, quick: bool):
-    it = 4 if quick else 8
-    o2 = GAN + ["amp=o2", "scaler=dynamic"]
-    bare_like = o2 + ["trainer.grad_health=false", "tracking=none"]
+    it = 4 if quick else 8  # iterations per block
+    short = it // 2         # the headline pairs' blocks
+    o2 = GAN + O2_DYNAMIC
 
     def amp(extra: list[str]) -> AmpganRunner:
         return AmpganRunner(extra, store, device)
 
-    yield Comparison("ampgan vs bare MindSpore (WGAN-GP O2 dynamic, health off, no tracking)",
-                     {"bare": lambda: BareRunner(o2, device), "ampgan": lambda: amp(bare_like)}, "bare", it, target=1.05, rounds=2)
+    for name, model, relative in BARE_MODELS:
+        overrides = model + O2_DYNAMIC
+        yield Comparison(name, {"bare": lambda o=overrides: BareRunner(o, device), "ampgan": lambda o=overrides: amp(o + LIKE_BARE)},
+                         "bare", max(1, round(short * relative)), target=TARGET_AMPGAN_VS_BARE, rounds=HEADLINE_ROUNDS)
     yield Comparison("gradient health (WGAN-GP O2 dynamic, no tracking)",
-                     {"off": lambda: amp(bare_like), "on": lambda: amp(o2 + ["tracking=none"])}, "off", it, target=1.10, rounds=2)
+                     {"off": lambda: amp(o2 + LIKE_BARE), "on": lambda: amp(o2 + ["tracking=none"])}, "off", short,
+                     target=TARGET_HEALTH, rounds=HEADLINE_ROUNDS)
     yield Comparison("tracking to MLflow at the default cadence (WGAN-GP O2 dynamic)",
-                     {"none": lambda: amp(o2 + ["tracking=none"]), "mlflow": lambda: amp(o2)}, "none", it, target=1.03, rounds=2)
+                     {"none": lambda: amp(o2 + ["tracking=none"]), "mlflow": lambda: amp(o2)}, "none", short,
+                     target=TARGET_TRACKING, rounds=HEADLINE_ROUNDS)
     yield Comparison("loss-scale strategy (WGAN-GP O2, no tracking)",
                      {name: (lambda n=name: amp(GAN + ["amp=o2", f"scaler={n}", "tracking=none"]))
                       for name in ("none", "static", "dynamic", "underflow_aware", "fixed_clip")}, "none", it)
@@ -165,7 +260,7 @@ def _comparisons(store: str, device: str, quick: bool):
             extra = GAN + ["amp=o0", "scaler=dynamic", f"{key}={value}"]
             yield Comparison(f"scaling: {label} {value} (WGAN-GP O0 dynamic)",
                              {"bare": lambda e=extra: BareRunner(e, device),
-                              "ampgan": lambda e=extra: amp(e + ["trainer.grad_health=false", "tracking=none"])},
+                              "ampgan": lambda e=extra: amp(e + LIKE_BARE)},
                              "bare", scale_it, rounds=0.6)
 
 
@@ -184,9 +279,8 @@ def diagnose_cost(store: str, device: str, quick: bool, repeats: int = 5) -> lis
 
     n = 4 if quick else 12
     rounds = max(3, repeats) + (0 if quick else 3)
-    overrides = GAN + ["amp=o2", "scaler=dynamic", "tracking=none"]
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        s = validate(compose(config_name="train", overrides=overrides + [f"hardware={device.lower()}"]))
+    overrides = GAN + O2_DYNAMIC + ["tracking=none"]
+    s = settings_for(overrides, device)
     data = build_dataset(s.data)
     runner = AmpganRunner(overrides, store, device)
     runner.run(2)
@@ -203,17 +297,76 @@ def diagnose_cost(store: str, device: str, quick: bool, repeats: int = 5) -> lis
         train.append((time.perf_counter() - t) / n)
     runner.close()
     name = "diagnose replay vs training (WGAN-GP O2 dynamic, N iterations)"
+    return [ratio_row(name, "training", train, train, "training"),
+            ratio_row(name, "diagnose replay (synced)", diag, train, "training", TARGET_DIAGNOSE),
+            ratio_row(name, "replay part: FP32 twin (record)", twin, train, "training"),
+            ratio_row(name, "replay part: AMP step + comparison", amp, train, "training")]
 
-    def row(variant: str, ts: list[float], **extra) -> dict:
-        ratios = [d / t for d, t in zip(ts, train)]
-        return {"comparison": name, "variant": variant, "ms_per_iteration": 1e3 * statistics.median(ts),
-                "ms_min": 1e3 * min(ts), "ms_max": 1e3 * max(ts), "ratio": statistics.median(ratios),
-                "ratio_min": min(ratios), "ratio_max": max(ratios), "baseline": "training", **extra}
 
-    whole = row("diagnose replay (synced)", diag, target=3.0)
-    whole["met"] = whole["ratio"] <= 3.0
-    return [row("training", train), whole, row("replay part: FP32 twin (record)", twin),
-            row("replay part: AMP step + comparison", amp)]
+def default_run_peak_rss(device: str, max_steps: int | None = None) -> dict:
+    """Peak RSS of `python -m ampgan.train` at its defaults (a child process), its store and outputs in a temp folder.
+
+    The child is reaped with `os.wait4`, whose resource usage is that child's alone: RUSAGE_CHILDREN
+    would report the largest of every child this process ever waited for (the start-up runs too).
+    `max_steps` shortens the run (--quick); None leaves the default length.
+    """
+    with tempfile.TemporaryDirectory(prefix="ampgan-bench-rss-") as tmp:
+        cmd = [sys.executable, "-m", "ampgan.train", f"tracking.uri=sqlite:///{tmp}/mlflow.db", f"hardware={device.lower()}"]
+        if max_steps is not None:
+            cmd.append(f"trainer.max_steps={max_steps}")
+        env = {**os.environ, "AMPGAN_OUTPUTS": tmp, "GLOG_v": "3"}
+        log = Path(tmp) / "train.log.txt"
+        started = time.perf_counter()
+        with open(log, "wb") as out:
+            child = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=out, stderr=subprocess.STDOUT)
+            _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        if child.returncode != 0:
+            tail = log.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"{' '.join(cmd)} exited with {child.returncode}:\n{tail}")
+        steps = settings_for([], device).trainer.max_steps if max_steps is None else max_steps
+        return {"command": "python -m ampgan.train" + ("" if max_steps is None else f" trainer.max_steps={max_steps}"),
+                "steps": steps, "seconds": time.perf_counter() - started,
+                "peak_rss_mb": usage.ru_maxrss / 1024}  # Linux: ru_maxrss in KiB
+
+
+def rss_over_run(store: str, device: str, steps: int) -> dict:
+    """RSS of this process over `steps` iterations of the default WGAN-GP run through ampgan's loop.
+
+    The default config (evaluations with their pictures, MLflow tracking to `store`) with
+    max_steps = `steps`; RSS is sampled every `steps` / 40 iterations. The warm-up is the first
+    tenth, and at least up to the first evaluation (compilation, the first pictures); growth is
+    from the sample after it to the last, in percent: a leak shows as growth that a warmed-up
+    run should not have.
+    """
+    import psutil
+
+    process = psutil.Process()
+    runner = AmpganRunner([f"trainer.max_steps={steps}"], store, device)
+    every = max(10, steps // 40)
+    warmup = min(steps, max(every, steps // 10, runner.settings.trainer.eval_every))
+    samples, done, started = [], 0, time.perf_counter()
+    while done < steps:
+        n = min(every, steps - done)
+        runner.run(n)
+        done += n
+        samples.append((done, process.memory_info().rss / 2**20))
+    runner.close()
+    warm_step, warm = next((step, rss) for step, rss in samples if step >= warmup)
+    end_step, end = samples[-1]
+    growth = 100 * (end - warm) / warm
+    return {"steps": steps, "seconds": time.perf_counter() - started, "warmup_step": warm_step, "rss_warm_mb": warm,
+            "end_step": end_step, "rss_end_mb": end, "rss_max_mb": max(rss for _, rss in samples),
+            "growth_pct": growth, "target_pct": TARGET_MEMORY_GROWTH_PCT,
+            "verdict": "met" if growth < TARGET_MEMORY_GROWTH_PCT else "not met", "samples": samples}
+
+
+def memory(store: str, device: str, quick: bool, steps: int) -> dict:
+    """The default run's peak RSS (200 steps in --quick) and RSS over `steps` in-process iterations (0: skipped)."""
+    out = {"default_run": default_run_peak_rss(device, 200 if quick else None)}
+    if steps > 0:
+        out["long_run"] = rss_over_run(store, device, steps)
+    return out
 
 
 def startup(store_dir: Path, device: str, repeats: int) -> list[dict]:
@@ -247,34 +400,88 @@ def _metric_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_\-./]", "", text.replace(" ", "_"))
 
 
-def markdown(rows: list[dict], start: list[dict], meta: dict) -> str:
-    lines = [f"# ampgan benchmark ({meta['device']}, {meta['cpus']} cores, MindSpore {meta['mindspore']}, {meta['date']})", "",
-             "Per-iteration time (WGAN-GP: n_critic critic steps + 1 generator step; classifier: 1 step),"
-             " median [min-max] over the repeats; ratio to the comparison's baseline, pair by pair.", ""]
-    current = None
+def _comparison_lines(rows: list[dict]) -> list[str]:
+    """A table per comparison: time per iteration, ratio with its interval, target and verdict."""
+    lines, current = [], None
     for r in rows:
         if r["comparison"] != current:
             current = r["comparison"]
-            lines += ["", f"## {current}", "", "| variant | ms / iteration | ratio to baseline | target |", "|---|---|---|---|"]
-        target = "" if "target" not in r else f"<= {r['target']:.2f}: {'met' if r['met'] else 'MISSED'}"
+            lines += ["", f"## {current}", "", "| variant | ms / iteration | ratio to baseline | 95% interval | target | verdict |",
+                      "|---|---|---|---|---|---|"]
+        target = f"<= {r['target']:.2f}" if "target" in r else ""
         lines.append(f"| {r['variant']} | {r['ms_per_iteration']:.1f} [{r['ms_min']:.1f}-{r['ms_max']:.1f}] | "
-                     f"{r['ratio']:.3f} [{r['ratio_min']:.3f}-{r['ratio_max']:.3f}] | {target} |")
-    lines += ["", "## start-up", "", "| phase | seconds (median) | min | max |", "|---|---|---|---|"]
+                     f"{r['ratio']:.3f} [{r['ratio_min']:.3f}-{r['ratio_max']:.3f}] | "
+                     f"{r['ci_low']:.3f}-{r['ci_high']:.3f} | {target} | {r.get('verdict', '')} |")
+    return lines
+
+
+def _memory_lines(mem: dict) -> list[str]:
+    if not mem:
+        return []
+    run = mem["default_run"]
+    lines = ["", "## memory", "", "| measurement | value |", "|---|---|",
+             f"| peak RSS of `{run['command']}` ({run['steps']} steps, {run['seconds']:.0f} s) | {run['peak_rss_mb']:.0f} MB |"]
+    if "long_run" in mem:
+        m = mem["long_run"]
+        lines += [f"| long run in process (default WGAN-GP, {m['steps']} steps, {m['seconds']:.0f} s): RSS after warm-up "
+                  f"(step {m['warmup_step']}) | {m['rss_warm_mb']:.0f} MB |",
+                  f"| RSS at the end (step {m['end_step']}); max over the run | {m['rss_end_mb']:.0f} MB; {m['rss_max_mb']:.0f} MB |",
+                  f"| growth after warm-up (target < {m['target_pct']:.0f}%) | {m['growth_pct']:+.1f}%: {m['verdict']} |"]
+    return lines
+
+
+def _startup_lines(start: list[dict]) -> list[str]:
+    if not start:
+        return []
+    lines = ["", "## start-up", "", "| phase | seconds (median) | min | max |", "|---|---|---|---|"]
     for r in start:
         low, high = ("" if r[k] is None else f"{r[k]:.2f}" for k in ("min", "max"))
         lines.append(f"| {r['phase']} | {r['seconds']:.2f} | {low} | {high} |")
+    return lines
+
+
+def markdown(rows: list[dict], start: list[dict], mem: dict, meta: dict) -> str:
+    lines = [f"# ampgan benchmark ({meta['device']}, {meta['cpus']} cores, MindSpore {meta['mindspore']}, {meta['date']})", "",
+             "Per-iteration time (WGAN-GP: n_critic critic steps + 1 generator step; classifier: 1 step),"
+             " median [min-max] over the rounds; ratio to the comparison's baseline, round by round: median [min-max]"
+             f" and a {CI_LEVEL:.0%} bootstrap interval of the median ({CI_RESAMPLES} resamples of the rounds)."
+             " Verdict: met when the whole interval is below the target, not met when it is all above,"
+             " unresolved when it straddles the target.", ""]
+    lines += _comparison_lines(rows) + _memory_lines(mem) + _startup_lines(start)
     return "\n".join(lines) + "\n"
+
+
+def figures(rows: list[dict], start: list[dict], mem: dict) -> dict[str, float]:
+    """The MLflow metrics of a bench run: every time, ratio and interval, start-up phase, memory figure."""
+    out = {}
+    for r in rows:
+        key = _metric_name(f"{r['comparison'].split(' (')[0]}/{r['variant']}")
+        out.update({f"{key}/ms": r["ms_per_iteration"], f"{key}/ratio": r["ratio"],
+                    f"{key}/ratio_ci_low": r["ci_low"], f"{key}/ratio_ci_high": r["ci_high"]})
+    out.update({f"startup/{_metric_name(r['phase'].split(' (')[0])}_s": r["seconds"] for r in start})
+    if mem:
+        out["memory/default_run_peak_rss_mb"] = mem["default_run"]["peak_rss_mb"]
+    if "long_run" in mem:
+        out.update({f"memory/long_run_{k}": mem["long_run"][k] for k in ("rss_warm_mb", "rss_end_mb", "rss_max_mb", "growth_pct")})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="CPU", choices=["CPU", "GPU", "Ascend"])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help="3 repeats, half-size blocks")
-    parser.add_argument("--only", default="", help="run only the comparisons whose name contains this text")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help=f"rounds per comparison (the headline pairs: {HEADLINE_ROUNDS:g}x as many, of half-length blocks)")
+    parser.add_argument("--quick", action="store_true",
+                        help="3 repeats, half-size blocks, a 200-step default run and a 300-step memory run")
+    parser.add_argument("--only", default="",
+                        help="run only the comparisons whose name contains this text ('diagnose', 'memory' select those parts)")
     parser.add_argument("--no-startup", action="store_true", help="skip the start-up measurement")
+    parser.add_argument("--memory-steps", type=int, default=None,
+                        help="iterations of the long in-process memory run (default 20000, ~30 min on 2 CPU cores; "
+                             "--quick: 300; 0: skip it)")
     args = parser.parse_args(argv)
     repeats = 3 if args.quick else args.repeats
+    memory_steps = args.memory_steps if args.memory_steps is not None else (300 if args.quick else 20000)
     try:
         hardware.check_device(args.device)
     except Exception as err:  # noqa: BLE001
@@ -287,41 +494,46 @@ def main(argv: list[str] | None = None) -> int:
     MlflowTracker(store, "ampgan")
     os.chdir(scratch)  # MindSpore's scratch files
     started = time.perf_counter()
+
+    def stage(text: str) -> None:
+        print(f"[{time.perf_counter() - started:5.0f}s] {text}", flush=True)
+
+    only = args.only.lower()
+    mem = {}
+    if not only or "memory" in only:  # first: the long run's RSS starts from a process that has built nothing else
+        stage(f"memory: the default run, then {memory_steps} iterations in process")
+        mem = memory(store, args.device, args.quick, memory_steps)
     rows = []
     for comp in comparisons(store, args.device, args.quick, args.only):
-        print(f"[{time.perf_counter() - started:5.0f}s] {comp.name}: {', '.join(comp.variants)}", flush=True)
+        stage(f"{comp.name}: {', '.join(comp.variants)}")
         comp.measure(repeats)
         rows += comp.rows()
-    if not args.only or "diagnose" in args.only.lower():
-        print(f"[{time.perf_counter() - started:5.0f}s] diagnose replay vs training", flush=True)
+    if not only or "diagnose" in only:
+        stage("diagnose replay vs training")
         rows += diagnose_cost(store, args.device, args.quick, repeats)
     start = []
     if not args.no_startup:
-        print(f"[{time.perf_counter() - started:5.0f}s] start-up", flush=True)
+        stage("start-up")
         start = startup(scratch, args.device, 2 if args.quick else 3)
     import mindspore as ms
 
     meta = {"device": args.device, "cpus": os.cpu_count(), "mindspore": ms.__version__,
             "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M"), "repeats": repeats,
+            "headline_rounds": max(3, round(repeats * HEADLINE_ROUNDS)), "memory_steps": memory_steps,
             "seconds": time.perf_counter() - started}
-    (out / "bench.json").write_text(json.dumps({"meta": meta, "comparisons": rows, "startup": start}, indent=2))
-    report = markdown(rows, start, meta)
+    (out / "bench.json").write_text(json.dumps({"meta": meta, "comparisons": rows, "startup": start, "memory": mem}, indent=2))
+    report = markdown(rows, start, mem, meta)
     (out / "bench.md").write_text(report)
     print(report)
 
-    figures = {}
-    for r in rows:
-        key = _metric_name(f"{r['comparison'].split(' (')[0]}/{r['variant']}")
-        figures[f"{key}/ms"] = r["ms_per_iteration"]
-        figures[f"{key}/ratio"] = r["ratio"]
-    figures.update({f"startup/{_metric_name(r['phase'].split(' (')[0])}_s": r["seconds"] for r in start})
     tracker = MlflowTracker(f"sqlite:///{outputs_dir() / 'mlflow.db'}", "ampgan-bench")
     with tracked_run(tracker, f"bench-{args.device.lower()}", meta, {"device": args.device}):
-        tracker.log_metrics(figures, 0)
+        tracker.log_metrics(figures(rows, start, mem), 0)
         tracker.log_artifact(out / "bench.md")
         tracker.log_artifact(out / "bench.json")
-    missed = [r for r in rows if r.get("met") is False]
-    print(f"done in {meta['seconds']:.0f}s; {len(missed)} target(s) missed; written to {out}")
+    verdicts = [r["verdict"] for r in rows if "verdict" in r] + ([mem["long_run"]["verdict"]] if "long_run" in mem else [])
+    print(f"done in {meta['seconds']:.0f}s; targets: {verdicts.count('met')} met, {verdicts.count('not met')} not met, "
+          f"{verdicts.count('unresolved')} unresolved; written to {out}")
     return 0
 
 

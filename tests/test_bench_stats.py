@@ -1,0 +1,68 @@
+"""The bench's statistics: the bootstrap interval of the median ratio and the verdict against a target.
+
+Pure NumPy: nothing here builds or runs a net.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from experiments.bench import bootstrap_ci, ratio_row, verdict
+
+
+def test_identical_ratios_give_a_zero_width_interval_at_their_value():
+    assert bootstrap_ci([1.013] * 20) == pytest.approx((1.013, 1.013))
+
+
+def test_the_interval_holds_the_median_and_lies_within_the_sample():
+    ratios = np.random.default_rng(3).normal(1.0, 0.03, size=25)
+    low, high = bootstrap_ci(ratios)
+    assert ratios.min() <= low <= np.median(ratios) <= high <= ratios.max()
+    assert high - low > 0
+
+
+def test_a_shifted_sample_shifts_its_interval():
+    ratios = np.random.default_rng(4).normal(1.0, 0.02, size=20)
+    low, high = bootstrap_ci(ratios)
+    shifted = bootstrap_ci(ratios + 0.05)
+    assert shifted == pytest.approx((low + 0.05, high + 0.05))
+
+
+def test_more_rounds_narrow_the_interval():
+    rng = np.random.default_rng(5)
+    few, many = bootstrap_ci(rng.normal(1.0, 0.03, size=6)), bootstrap_ci(rng.normal(1.0, 0.03, size=60))
+    assert many[1] - many[0] < few[1] - few[0]
+
+
+def test_the_same_timings_give_the_same_interval_and_another_seed_may_not():
+    ratios = list(np.random.default_rng(6).normal(1.0, 0.05, size=15))
+    assert bootstrap_ci(ratios) == bootstrap_ci(list(ratios))
+    assert bootstrap_ci(ratios, seed=1) != bootstrap_ci(ratios)
+
+
+def test_no_ratio_is_an_error():
+    with pytest.raises(ValueError):
+        bootstrap_ci([])
+
+
+@pytest.mark.parametrize("interval, expected", [
+    ((0.99, 1.015), "met"),          # wholly below the target
+    ((1.021, 1.05), "not met"),      # wholly above
+    ((1.00, 1.04), "unresolved"),    # straddles it
+    ((1.00, 1.02), "unresolved"),    # touching it is not below it
+    ((1.02, 1.02), "unresolved"),
+])
+def test_verdict(interval, expected):
+    assert verdict(interval, 1.02) == expected
+
+
+def test_a_row_takes_ratios_round_by_round_and_judges_only_variants_with_a_target():
+    base = [0.100, 0.200, 0.100]          # a slow round hits both variants
+    variant = [0.101, 0.202, 0.101]
+    row = ratio_row("c", "ampgan", variant, base, "bare", target=1.02)
+    assert row["ratio"] == pytest.approx(1.01) and row["ratio_max"] == pytest.approx(1.01)
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx((1.01, 1.01))
+    assert row["verdict"] == "met" and row["rounds"] == 3
+    assert "verdict" not in ratio_row("c", "bare", base, base, "bare", target=1.02)
+    assert "verdict" not in ratio_row("c", "other", variant, base, "bare")
