@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import os
 import re
 import sys
 from collections import OrderedDict
@@ -60,8 +61,21 @@ EVERYTHING = "*"
 Extra = Callable[[DictConfig], None]
 
 
+def check_environment(environ=os.environ) -> None:
+    """Refuse MindSpore settings that make runs silently wrong.
+
+    MindSpore 2.10's compile cache (MS_COMPILER_CACHE_ENABLE=1) loads a warm run's graphs ~2x
+    faster on CPU, but the loaded WGAN-GP steps compute garbage: NaN losses and a loss scale of
+    -9.4e15 from the first step (measured; a cold run with the same cache path is right).
+    """
+    if environ.get("MS_COMPILER_CACHE_ENABLE", "").strip().lower() in ("1", "true", "on", "yes"):
+        raise AmpganError("MS_COMPILER_CACHE_ENABLE is set: MindSpore 2.10's compile cache gives wrong "
+                          "results on CPU (NaN losses from the first step of a warm run); unset it")
+
+
 def check(argv: list[str], config_name: str = "train", extra: Extra | None = None) -> None:
     """Raise AmpganError for the first bad override or job in `argv` (Hydra's CLI words)."""
+    check_environment()
     args = _parse_args(argv)
     if args.help or args.hydra_help or args.info or args.shell_completion or args.cfg:
         return

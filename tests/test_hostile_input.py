@@ -291,3 +291,16 @@ def test_interval_end_points_are_checked_with_a_search_sweeper(outputs):
 def test_one_line_cuts_long_words_and_joins_lines():
     text = one_line("a\nb " + "y" * 5000)
     assert "\n" not in text and "(5000 characters)" in text and len(text) < 120
+
+
+def test_mindspores_compile_cache_is_refused_before_anything_runs(outputs, monkeypatch):
+    """MindSpore 2.10's compile cache makes warm CPU runs compute NaN (ampgan.preflight.check_environment)."""
+    from ampgan.preflight import check_environment
+
+    with pytest.raises(AmpganError, match="compile cache"):
+        check_environment({"MS_COMPILER_CACHE_ENABLE": "1"})
+    check_environment({"MS_COMPILER_CACHE_ENABLE": "0"})
+    monkeypatch.setenv("MS_COMPILER_CACHE_ENABLE", "1")
+    proc = run_cli("trainer.max_steps=2", outputs=outputs)
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "compile cache" in proc.stderr
+    assert not (outputs / "mlflow.db").exists()
