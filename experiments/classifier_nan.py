@@ -1,6 +1,6 @@
 """Study 4, the classifier "NaN under O2": where does FP32 train, where does only O2 fail?
 
-Learning rates 1e-3 .. 0.3 x (FP32, the seed's O2, O2 with a float16 loss, O2 with clipping,
+Learning rates 1e-3 .. 1 x (FP32, the seed's O2, O2 with a float16 loss, O2 with clipping,
 O2 with the head in FP32), three seeds; diagnose on the seed's O2 run at each rate
 (`conf/experiment/study_classifier_nan.yaml`).
 
@@ -17,6 +17,7 @@ from experiments.study import (Context, Study, chart_lines, diagnose_run, first_
 TRAINS = 0.8   # mean test accuracy at which a configuration counts as training (digits, 10 classes)
 
 STUDY = Study(
+    setup=__doc__.split("\n\n")[1],
     name="classifier_nan",
     title="The classifier NaN",
     question="Across learning rates, where does FP32 train, where does only O2 fail, where do both, and what do the fixes change?",

@@ -17,6 +17,7 @@ from experiments.study import Context, Study, beyond_noise, chart_lines, run, se
 NOW_AND_THEN = (0.01, 0.3)   # the clip rates that count as clipping "now and then"
 
 STUDY = Study(
+    setup=__doc__.split("\n\n")[1],
     name="clip_threshold",
     title="Clip threshold",
     question="Across clip thresholds, how does the clip rate relate to quality, and is 'clips now and then' the right target?",

@@ -14,6 +14,7 @@ import sys
 from experiments.study import Context, Study, diagnose_run, first_run, quick_diagnose, run, seeds
 
 STUDY = Study(
+    setup=__doc__.split("\n\n")[1],
     name="collapse",
     title="The WGAN-GP collapse's real cause",
     question="Is the seed's WGAN-GP collapse under O2 caused by float16, or does it happen in FP32 too?",

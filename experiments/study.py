@@ -8,6 +8,7 @@ is the reference, what to add after the sweep (diagnose's verdicts). Running one
     python -m experiments.<name>            # the default form (<= 15 minutes on 2 cores)
     python -m experiments.<name> --full     # the full length
     python -m experiments.<name> --quick    # the shortest form: checks that it runs (the tests use it)
+    python -m experiments.<name> --sweep outputs/studies/<name>/sweep/<time>   # publish a finished sweep again
 
 1. the sweep runs as `python -m ampgan.train -m +experiment=study_<name> ...` (a parent MLflow
    run with one child per job, and the sweep's own report);
@@ -66,6 +67,7 @@ class Study:
     run_metrics: list[str] = field(default_factory=list)  # more MLflow metrics into the rows (last value)
     after: Callable | None = None     # after(ctx) -> extra text / rows (diagnose's verdicts)
     charts: Callable | None = None    # charts(ctx) -> {name: figure}, besides the seed-spread chart
+    setup: str = ""                   # what runs, in prose (the README section's "setup")
 
 
 @dataclass
@@ -84,6 +86,12 @@ class Context:
     echo: Callable = print
     notes: list[str] = field(default_factory=list)
     diagnoses: dict = field(default_factory=dict)   # what `after` learnt from diagnose, by arm
+    started: float = 0.0                             # perf_counter when the sweep had finished
+    sweep_minutes: float = 0.0                       # the sweep's own duration (its parent run's)
+
+    def minutes(self) -> float:
+        """The study's duration: its sweep, then what this process did after it (diagnose, charts)."""
+        return self.sweep_minutes + (time.perf_counter() - self.started) / 60
 
 
 # ---------------------------------------------------------------- running the sweep
@@ -301,14 +309,31 @@ def publish(ctx: Context, pngs: dict[str, bytes], answer: str) -> Path:
         (folder / f"{name}.png").write_bytes(png)
     notes = "\n".join(ctx.notes)
     (folder / "answer.md").write_text(f"{answer}\n" + (f"\n{notes}\n" if notes else ""))
+    (folder / "section.md").write_text(section(ctx, table, list(pngs), answer))
     summary = f"{study.question} Mode: {ctx.mode}; {len(ctx.runs)} runs. Answer: {answer}"
     (folder / "report.html").write_text(html_page(f"study {study.name}: {study.title}", summary, table, pngs, notes))
     pid = ctx.parent.info.run_id
-    for name in [f"{n}.png" for n in pngs] + ["table.md", "table.csv", "runs.csv", "answer.md", "report.html"]:
+    for name in [f"{n}.png" for n in pngs] + ["table.md", "table.csv", "runs.csv", "answer.md", "section.md", "report.html"]:
         ctx.client.log_artifact(pid, str(folder / name), STUDY_DIR)
     ctx.client.set_tag(pid, "ampgan.study", study.name)
     ctx.client.set_tag(pid, "ampgan.study_answer", answer[:5000])
     return folder
+
+
+def section(ctx: Context, table: list[dict], charts: list[str], answer: str) -> str:
+    """The study's section for experiments/README.md, from this run: question, setup, table, charts, answer, command."""
+    from ampgan.report import markdown
+
+    study, minutes = ctx.study, ctx.minutes()
+    flag = {"default": "", "full": " ARGS=--full", "quick": " ARGS=--quick"}[ctx.mode]
+    lines = [f"### {study.title}", "", f"**Question.** {study.question}", "", f"**Setup.** {' '.join(study.setup.split())}",
+             "", f"**Result** ({ctx.mode} form, {len(ctx.runs)} runs, {minutes:.0f} min; mean ± sd [min-max] over seeds; "
+             f"'beyond noise': Welch's t-test against the reference, p < {NOISE_P}):", "", markdown(table), ""]
+    lines += [f"![{name}](../docs/studies/{study.name}/{name}.png)" for name in charts]
+    lines += ["", *[f"    {n}" for n in ctx.notes], ""] if ctx.notes else [""]
+    lines += [f"**Answer.** {answer}", "", f"**Reproduce.** `make study NAME={study.name}{flag}` "
+              f"(or `python -m experiments.{study.name}`)", ""]
+    return "\n".join(lines)
 
 
 def run(study: Study, argv: list[str] | None = None, answer: Callable[[Context], str] | None = None) -> int:
@@ -318,6 +343,7 @@ def run(study: Study, argv: list[str] | None = None, answer: Callable[[Context],
     length.add_argument("--quick", action="store_true", help="the shortest form (checks that the study runs)")
     parser.add_argument("--uri", default=None, help="MLflow tracking URI (default: the embedded store)")
     parser.add_argument("--out", type=Path, default=None, help="folder for the table and charts (default outputs/studies/<name>)")
+    parser.add_argument("--sweep", default=None, help="publish this sweep folder again instead of running a new sweep")
     parser.add_argument("overrides", nargs="*", help="more train overrides for every job (key=value)")
     args = parser.parse_args(argv)
     mode = "full" if args.full else "quick" if args.quick else "default"
@@ -332,13 +358,19 @@ def _run(study: Study, args, mode: str, answer) -> int:
     from ampgan.report import figure_png, summarize
     from ampgan.tracking import make_client
 
-    started = time.perf_counter()
     folder = Path(args.out or outputs_dir() / "studies" / (study.name + ("" if mode == "default" else f"-{mode}")))
     folder.mkdir(parents=True, exist_ok=True)
-    sweep_dir = folder / "sweep" / time.strftime("%Y-%m-%d_%H-%M-%S")
-    cmd = sweep_command(study, mode, sweep_dir, args.uri, list(args.overrides))
-    print(f"study {study.name} ({mode}): {' '.join(cmd[1:])}", flush=True)
-    record = run_sweep(cmd, sweep_dir)
+    if args.sweep:   # publish a sweep that already ran (e.g. after the runner itself was stopped)
+        record_file = Path(args.sweep) / "parent_run.json"
+        if not record_file.exists():
+            raise AmpganError(f"--sweep {args.sweep}: no parent_run.json there (a study's sweep folder is "
+                              f"outputs/studies/<name>/sweep/<time>)")
+        record = json.loads(record_file.read_text())
+    else:
+        sweep_dir = folder / "sweep" / time.strftime("%Y-%m-%d_%H-%M-%S")
+        cmd = sweep_command(study, mode, sweep_dir, args.uri, list(args.overrides))
+        print(f"study {study.name} ({mode}): {' '.join(cmd[1:])}", flush=True)
+        record = run_sweep(cmd, sweep_dir)
     client = make_client(record["uri"])
     parent = client.get_run(record["run_id"])
     from ampgan.report import children_of
@@ -350,7 +382,9 @@ def _run(study: Study, args, mode: str, answer) -> int:
         r.update({k: arm_of(run_, k) for k in varies if r.get(k) in (None, "-")})
         r.update({k: run_.data.metrics.get(k) for k in study.run_metrics})
         r["run_id"] = run_.info.run_id
-    ctx = Context(study, client, record["uri"], parent, runs, rows, seed_table(study, rows), folder, mode)
+    sweep_minutes = ((parent.info.end_time or parent.info.start_time) - parent.info.start_time) / 60000
+    ctx = Context(study, client, record["uri"], parent, runs, rows, seed_table(study, rows), folder, mode,
+                  started=time.perf_counter(), sweep_minutes=sweep_minutes)
     if study.after is not None:
         study.after(ctx)
     figs = {"seed_spread": chart_seed_spread(study, rows)}
@@ -359,7 +393,7 @@ def _run(study: Study, args, mode: str, answer) -> int:
     pngs = {name: figure_png(fig) for name, fig in figs.items() if fig is not None}
     text = answer(ctx) if answer else ""
     publish(ctx, pngs, text)
-    minutes = (time.perf_counter() - started) / 60
+    minutes = ctx.minutes()
     client.set_tag(parent.info.run_id, "ampgan.study_minutes", f"{minutes:.1f}")
     from ampgan.report import markdown
 

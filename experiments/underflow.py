@@ -14,6 +14,7 @@ import sys
 from experiments.study import Context, Study, beyond_noise, diagnose_run, first_run, quick_diagnose, run, seeds
 
 STUDY = Study(
+    setup=__doc__.split("\n\n")[1],
     name="underflow",
     title="Underflow for real",
     question="When float16 underflow stops learning while FP32 trains, which loss scale recovers it?",

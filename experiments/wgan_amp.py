@@ -14,6 +14,7 @@ import sys
 from experiments.study import Context, Study, beyond_noise, run, seeds
 
 STUDY = Study(
+    setup=__doc__.split("\n\n")[1],
     name="wgan_amp",
     title="WGAN-GP under AMP",
     question="Does O2 or O3, with any loss scale or an FP32 gradient penalty, train a WGAN-GP differently from FP32 beyond seed noise?",
