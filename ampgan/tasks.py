@@ -104,12 +104,13 @@ class NetState:
 class TaskBase:
     """What the loop asks of every task beyond its own step: drained metrics, health, divergence, state.
 
-    A subclass sets `optimizers` and `scalers` (name -> object) and `rngs` (name -> NumPy Generator
+    A subclass sets `nets`, `optimizers` and `scalers` (name -> object) and `rngs` (name -> NumPy Generator
     used while training) and implements `states()`; checkpoints then hold everything a run needs to
     continue exactly: every Parameter of the nets, optimizers and scalers, the batch sampler's
     position, the RNGs, the host-side counters.
     """
 
+    nets: dict
     optimizers: dict
     scalers: dict
     batches: Batches
@@ -135,6 +136,9 @@ class TaskBase:
     def state_parameters(self) -> dict[str, ms.Parameter]:
         """Every on-device state tensor, under a name unique across optimizers and scalers."""
         out = {}
+        for group, net in self.nets.items():   # what no optimizer holds: BatchNorm's moving statistics
+            for param in net.untrainable_params():
+                out[f"{group}/{param.name}"] = param
         for group, opt in self.optimizers.items():
             for _, param in opt.parameters_and_names():
                 out[f"{group}/{param.name}"] = param
@@ -183,6 +187,7 @@ class GanTask(TaskBase):
         gen_amp = apply_amp(self.gen, s.amp.level, s.amp.keep_fp32, root="gen")
         critic_amp = apply_amp(self.critic, s.amp.level, s.amp.keep_fp32, root="critic")
         self.gen_amp, self.critic_amp = gen_amp, critic_amp
+        self.nets = {"gen": gen_amp, "critic": critic_amp}
         self.critic_gp = twin if twin is not None else critic_amp  # the net the penalty runs through
         self.gp_lambda = m.gp_lambda
         opt_g = mint.optim.Adam(gen_amp.trainable_params(), lr=m.lr_g, betas=tuple(m.betas))
@@ -274,7 +279,9 @@ class ClassifierTask(TaskBase):
         self.fp32_loss = s.amp.fp32_loss
         check_keep_paths({"": self.net}, s.amp.keep_fp32)
         net_amp = apply_amp(self.net, s.amp.level, s.amp.keep_fp32)
+        net_amp.set_train(True)  # cells start in inference mode: BatchNorm would use its moving statistics
         self.net_amp = net_amp
+        self.nets = {"net": net_amp}
         opt = mint.optim.Adam(net_amp.trainable_params(), lr=s.model.lr, betas=tuple(s.model.betas))
         self.optimizers = {"opt": opt}
         self.scalers = {"scaler": build_scaler(s.scaler, "scaler")}

@@ -422,3 +422,37 @@ def seeds(ctx: Context) -> str:
     """The seeds per configuration, as a range when they differ ("3", "2-3")."""
     n = sorted({int(r["seeds"]) for r in ctx.table})
     return str(n[0]) if len(n) == 1 else f"{n[0]}-{n[-1]}"
+
+
+# ---------------------------------------------------------------- the README
+STUDIES = ("wgan_amp", "collapse", "underflow", "classifier_nan", "clip_threshold")
+README = Path(__file__).with_name("README.md")
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "studies"
+START, END = "<!-- studies:start -->", "<!-- studies:end -->"
+
+
+def update_readme(readme: Path = README, docs: Path = DOCS) -> list[str]:
+    """Put each study's latest default-form section (outputs/studies/<name>/section.md) between the
+    README's markers and copy its charts to docs/studies/<name>/; the studies published."""
+    import shutil
+
+    sections, done = [], []
+    for name in STUDIES:
+        folder = outputs_dir() / "studies" / name
+        if not (folder / "section.md").exists():
+            continue
+        (docs / name).mkdir(parents=True, exist_ok=True)
+        for png in folder.glob("*.png"):
+            shutil.copy(png, docs / name / png.name)
+        sections.append((folder / "section.md").read_text().strip())
+        done.append(name)
+    text = readme.read_text()
+    if START not in text or END not in text:
+        raise AmpganError(f"{readme} has no {START} ... {END} block")
+    head, rest = text.split(START, 1)
+    readme.write_text(head + START + "\n" + "\n\n".join(sections) + "\n" + END + rest.split(END, 1)[1])
+    return done
+
+
+if __name__ == "__main__":   # python -m experiments.study: the README's case-study sections from the latest runs
+    print("published:", ", ".join(update_readme()) or "nothing (run a study first)")
