@@ -214,7 +214,7 @@ class TrainerConfig:
     eval_every: int = 250        # 0: evaluate only at the end
     checkpoint_every: int = 0    # 0: checkpoint only at the end
     eval_samples: int = 2000     # generated samples for GAN metrics
-    grad_health: bool = True     # in-graph gradient statistics in every step
+    grad_health: bool = True     # in-graph gradient statistics on the logged steps (every step: underflow_aware)
     layer_health_every: int = 100  # per-parameter health metrics (grad/<param>/<field>); 0: never
     max_nonfinite_steps: int = 50  # stop as diverged after this many non-finite losses in a row
     resume: str = ""             # continue a run: its MLflow run id, run folder or checkpoint path

@@ -1,7 +1,8 @@
 """Build stage: turn validated settings into a task the trainer loop can drive.
 
 A task owns its nets, optimizers, scalers and compiled steps, and offers the loop:
-`train_step(step)` (launches the steps, does not wait), `metrics()` (fetches the pending step
+`train_step(step, measure)` (launches the steps, does not wait; `measure`: this step's status
+will be read, so compute its gradient health), `metrics()` (fetches the pending step
 statuses: (step, flat metrics) per net), `layer_health()`, `nonfinite_run()`, `evaluate()`,
 `eval_picture(dir, step)` (samples over training), `save_pictures(dir)`, and for checkpoints `state_parameters()`, `host_state()`,
 `load_host_state()`. `GanTask` and `ClassifierTask` share everything below that through
@@ -37,8 +38,9 @@ class NetState:
 
     Steps are launched without waiting (`push`); `drain` fetches what is pending in one go,
     so the host does not stall MindSpore after every step, only at the logging cadence.
-    Only what the step measured is reported: no health fields when health was off, no
-    `grad_norm` when the norm was not computed.
+    Only what a step measured is reported: health fields from the newest measured status
+    drained (none when health was off or no drained status was measured), `grad_norm` only
+    when the newest status computed the norm.
     """
 
     COUNTERS = ("skipped", "clipped", "steps", "nonfinite_run")
@@ -46,20 +48,27 @@ class NetState:
     def __init__(self, prefix: str, step: Step):
         self.prefix, self.step = prefix, step
         self.sizes = np.array([p.size for p in step.weights], dtype=np.float64)
-        self.pending: list[tuple[int, ms.Tensor]] = []
+        self.pending: list[tuple[int, ms.Tensor, bool]] = []  # (step, packed status, measured)
         self.skipped = self.clipped = self.steps = 0
         self.nonfinite_run = 0          # consecutive steps whose loss was not finite
         self.last_health: np.ndarray | None = None
 
-    def push(self, step: int, packed_status) -> None:
-        self.pending.append((step, packed_status))
+    def push(self, step: int, packed_status, measured: bool) -> None:
+        """A launched step's status; `measured`: it ran the measuring variant (`Step.measured`)."""
+        self.pending.append((step, packed_status, measured))
+
+    def launch(self, step: int, inputs: tuple, measure: bool) -> None:
+        """Launch the step on `inputs` (measuring or plain variant) and push its status."""
+        self.push(step, self.step.launch(*inputs, measure=measure), self.step.measured(measure))
 
     def drain(self) -> tuple[int, dict[str, float]]:
-        """(last step, metrics) of the steps since the last drain: losses averaged; scale, health from the last."""
+        """(last step, metrics) of the steps since the last drain: losses averaged; scale from the
+        last, health from the last measured."""
         if not self.pending:
             return 0, {}
-        last_step = self.pending[-1][0]
-        statuses = [self.step.decode(t.asnumpy()) for _, t in self.pending]
+        last_step, _, last_measured = self.pending[-1]
+        statuses = [self.step.decode(t.asnumpy()) for _, t, _ in self.pending]
+        measured = [s for s, (_, _, was_measured) in zip(statuses, self.pending) if was_measured]
         self.pending.clear()
         for s in statuses:
             finite_loss = all(np.isfinite(v) for v in s.losses.values())
@@ -74,10 +83,10 @@ class NetState:
             f"{p}/scale": last.scale, f"{p}/skipped": float(self.skipped),
             f"{p}/finite": float(all(s.finite for s in statuses)), f"{p}/clip_rate": self.clipped / self.steps,
         })
-        if self.step.measures_norm:
+        if self.step.computes_norm(last_measured):
             out[f"{p}/grad_norm"] = last.grad_norm
-        if self.step.measures_health:
-            h = self.last_health = last.health
+        if self.step.measures_health and measured:
+            h = self.last_health = measured[-1].health
             w = self.sizes / self.sizes.sum()
             out[f"{p}/underflow"] = float(h[:, HEALTH_FIELDS.index("underflow")] @ w)
             out[f"{p}/zero"] = float(h[:, HEALTH_FIELDS.index("zero")] @ w)
@@ -224,10 +233,11 @@ class GanTask(TaskBase):
         out.append(("gen", (self._z(self.batch_size),)))
         return out
 
-    def train_step(self, step: int) -> None:
+    def train_step(self, step: int, measure: bool = True) -> None:
+        """Launch one iteration's sub-steps; `measure`: with gradient health (its status will be read)."""
         states = {"critic": self.critic_state, "gen": self.gen_state}
         for net, inputs in self.step_inputs():
-            states[net].push(step, states[net].step.launch(*inputs))
+            states[net].launch(step, inputs, measure)
 
     def generate(self, n: int, seed: int) -> np.ndarray:
         rng = np.random.default_rng(seed)
@@ -299,9 +309,10 @@ class ClassifierTask(TaskBase):
         x, y = self.batches.next()
         return [("train", (ms.Tensor(x), ms.Tensor(y)))]
 
-    def train_step(self, step: int) -> None:
+    def train_step(self, step: int, measure: bool = True) -> None:
+        """Launch one step; `measure`: with gradient health (its status will be read)."""
         for _, inputs in self.step_inputs():
-            self.state.push(step, self.state.step.launch(*inputs))
+            self.state.launch(step, inputs, measure)
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         self.net_amp.set_train(False)

@@ -31,18 +31,20 @@ def run_steps(task, tracker, cfg, run_dir: Path, steps: range, progress: Progres
 
     Steps run ahead of the host: statuses are fetched at the logging / printing / checkpoint
     cadence (and on a stop request), and every fetched status is logged. Whatever ends the
-    loop (an error, a signal), the statuses still pending are fetched and logged.
+    loop (an error, a signal), the statuses still pending are fetched and logged. Only the
+    steps whose health is logged (log and layer-health steps, the first step) compute it;
+    a status fetched for the status line, a checkpoint or a stop request may lack it.
     """
     step = steps.start - 1
     try:
         for step in steps:
             started = time.perf_counter()
-            task.train_step(step)  # launched; its status is fetched only when metrics are needed
             first = step == steps.start
             log_now = step % cfg.log_every == 0 or first
             print_now = progress.due(step) or first
-            layers_now = cfg.layer_health_every and (step % cfg.layer_health_every == 0 or step == 1)
+            layers_now = bool(cfg.layer_health_every) and (step % cfg.layer_health_every == 0 or step == 1)
             save_now = bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0 and step < cfg.max_steps
+            task.train_step(step, measure=log_now or layers_now)  # launched; status fetched only when needed
             if log_now or print_now or layers_now or save_now or STOP.requested:
                 metrics = log_pending(task, tracker)
                 if first:  # the first step compiles the graphs

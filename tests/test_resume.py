@@ -213,10 +213,10 @@ def test_a_run_killed_between_log_steps_keeps_its_last_steps(outputs, tmp_path, 
 
     original = tasks.ClassifierTask.train_step
 
-    def flaky(self, step):
+    def flaky(self, step, measure=True):
         if step == 14:
             raise RuntimeError("boom at step 14")
-        return original(self, step)
+        return original(self, step, measure)
 
     monkeypatch.setattr(tasks.ClassifierTask, "train_step", flaky)
     cfg = compose_cfg(*CLASSIFIER, "trainer.log_every=10", "trainer.print_every=1000", "trainer.checkpoint_every=0",

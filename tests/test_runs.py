@@ -61,11 +61,11 @@ def test_failing_run_ends_failed_with_error_and_metrics(outputs, tmp_path, monke
     calls = {"n": 0}
     original = tasks.ClassifierTask.train_step
 
-    def flaky(self, step):
+    def flaky(self, step, measure=True):
         calls["n"] += 1
         if calls["n"] == 4:
             raise RuntimeError("boom at step 4")
-        return original(self, step)
+        return original(self, step, measure)
 
     monkeypatch.setattr(tasks.ClassifierTask, "train_step", flaky)
     cfg = compose_cfg("model=classifier", "data=digits", "trainer=smoke", "tracking.flush_every=1000")
@@ -81,7 +81,7 @@ def test_failing_run_ends_failed_with_error_and_metrics(outputs, tmp_path, monke
 def test_interrupted_run_ends_killed(outputs, tmp_path, monkeypatch):
     from ampgan import tasks
 
-    def interrupt(self, step):
+    def interrupt(self, step, measure=True):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(tasks.ClassifierTask, "train_step", interrupt)

@@ -17,8 +17,8 @@ STATUS_FIELDS = ("finite", "applied", "scale", "grad_norm", "clipped")
 def build_update(optimizer, scaler, health_fn: Callable, norm_fn: Callable = global_norm) -> Callable:
     """Return `update(scaled_grads) -> (status, health)` for use inside a compiled step.
 
-    `health_fn`/`norm_fn` are chosen outside the graph: with gradient health off (and a
-    scaler that does not clip) neither statistic is computed at all.
+    `health_fn`/`norm_fn` are chosen outside the graph: with gradient health off, or in a
+    step's plain variant (and a scaler that does not clip), neither statistic is computed at all.
     """
 
     def update(scaled_grads):
@@ -52,25 +52,53 @@ class StepStatus:
 
 @dataclass
 class Step:
-    """A compiled train step and the layout of the status tensor it returns."""
+    """A compiled train step, in two variants of one status layout, and that layout.
+
+    `fn` measures: gradient health (and the global norm) as configured. `plain` is the same
+    update without health (and without the norm unless the scaler clips): its health rows are
+    zeros, so both decode alike. `launch(measure=False)` runs the plain variant, built and
+    compiled on its first use; when there is none (`build_plain` None: health off, or a scaler
+    that reads health every step) `plain` is `fn` and every launch measures.
+    """
 
     fn: Callable
     loss_names: tuple[str, ...]
     weights: tuple
     measures_health: bool = True   # False: the health rows are zeros that were never computed
     measures_norm: bool = True     # False: the grad_norm field is a zero that was never computed
+    build_plain: Callable[[], Callable] | None = None  # makes the plain variant; None: fn is the only one
+    plain_norm: bool = False       # the plain variant computes grad_norm too (a scaler that clips)
+
+    def __post_init__(self):
+        self.plain: Callable | None = self.fn if self.build_plain is None else None  # None: not built yet
+        self.launches = {"measured": 0, "plain": 0}  # which variant ran, launch by launch
 
     @property
     def param_names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.weights)
 
-    def launch(self, *inputs) -> ms.Tensor:
-        """Run the step; return its packed status without waiting for it (MindSpore runs ahead)."""
-        return self.fn(*inputs)
+    def measured(self, measure: bool) -> bool:
+        """Whether `launch(measure=measure)` runs the measuring variant `fn`."""
+        return measure or self.build_plain is None
+
+    def computes_norm(self, measured: bool) -> bool:
+        """Whether a status of that variant holds a computed grad_norm."""
+        return self.measures_norm if measured else self.plain_norm
+
+    def launch(self, *inputs, measure: bool = True) -> ms.Tensor:
+        """Run the step (measured, or plain when `measure` is False and a plain variant exists);
+        return its packed status without waiting for it (MindSpore runs ahead)."""
+        if self.measured(measure):
+            self.launches["measured"] += 1
+            return self.fn(*inputs)
+        if self.plain is None:
+            self.plain = self.build_plain()
+        self.launches["plain"] += 1
+        return self.plain(*inputs)
 
     def __call__(self, *inputs) -> StepStatus:
-        """Run the step and wait for its decoded status."""
-        return self.decode(self.fn(*inputs).asnumpy())
+        """Run the measuring step and wait for its decoded status."""
+        return self.decode(self.launch(*inputs).asnumpy())
 
     def decode(self, packed: np.ndarray) -> StepStatus:
         n_loss, n_stat = len(self.loss_names), len(STATUS_FIELDS)
@@ -85,16 +113,31 @@ class Step:
 
 def make_step(loss_fn: Callable, weights: Sequence, optimizer, scaler, health_fn: Callable,
               loss_names: Sequence[str], jit: bool = True) -> Step:
-    """Wrap `loss_fn(*inputs) -> (scaled_loss, stacked_losses)` into a full train step."""
+    """Wrap `loss_fn(*inputs) -> (scaled_loss, stacked_losses)` into a full train step.
+
+    Two variants share one update (same gradients, scaler, optimizer, Parameters): the
+    measuring one computes `health_fn` and the global norm (the norm only with health on or a
+    clipping scaler); the plain one neither (the norm only for a clipping scaler), for steps
+    whose status is never read. There is no plain variant with health off (nothing to save)
+    or for a scaler that reads health (`needs_health`): it must see health every step.
+    """
     grad_fn = ms.value_and_grad(loss_fn, None, tuple(weights), has_aux=True)
     scaler.watch(weights)
-    norm_fn = no_norm if health_fn is no_health and not scaler.needs_norm else global_norm
-    update = build_update(optimizer, scaler, health_fn, norm_fn)
 
-    def step(*inputs):
-        (_, losses), scaled_grads = grad_fn(*inputs)
-        status, health = update(scaled_grads)
-        return ops.concat([losses.astype(ms.float32), status, health.reshape(-1)])
+    def variant(health: Callable, norm: Callable) -> Callable:
+        update = build_update(optimizer, scaler, health, norm)
 
-    return Step(fn=ms.jit(step) if jit else step, loss_names=tuple(loss_names), weights=tuple(weights),
-                measures_health=health_fn is not no_health, measures_norm=norm_fn is not no_norm)
+        def step(*inputs):
+            (_, losses), scaled_grads = grad_fn(*inputs)
+            status, health_rows = update(scaled_grads)
+            return ops.concat([losses.astype(ms.float32), status, health_rows.reshape(-1)])
+
+        return ms.jit(step) if jit else step
+
+    plain_norm = global_norm if scaler.needs_norm else no_norm
+    norm_fn = plain_norm if health_fn is no_health else global_norm
+    single = health_fn is no_health or scaler.needs_health
+    return Step(fn=variant(health_fn, norm_fn), loss_names=tuple(loss_names), weights=tuple(weights),
+                measures_health=health_fn is not no_health, measures_norm=norm_fn is not no_norm,
+                build_plain=None if single else lambda: variant(no_health, plain_norm),
+                plain_norm=plain_norm is not no_norm)

@@ -1,0 +1,136 @@
+"""Gradient health only on the steps whose status is read: the plain variant changes nothing else.
+
+Each train step comes in two compiled variants of one status layout: the measuring one
+(gradient health, global norm) and the plain one (neither). The trainer measures log steps,
+layer-health steps and the first step; the rest run plain, unless the scaler reads health.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ampgan import hardware
+from ampgan.amp.scalers import SCALERS
+from ampgan.config import validate
+from ampgan.data import build_dataset
+from ampgan.tasks import build_task
+from ampgan.trainer import Progress, run_steps
+from tests.conftest import compose_cfg
+
+GAN = ["model=wgan_gp", "data=gaussians8", "trainer=smoke", "model.hidden=32", "model.n_critic=2"]
+CLASSIFIER = ["model=classifier", "data=digits", "trainer=smoke"]
+HEALTH = ("underflow", "zero", "max_abs_scaled_grad", "nonfinite")
+
+
+def build(*overrides: str):
+    s = validate(compose_cfg(*overrides, "tracking=none", "trainer.eval_every=0"))
+    hardware.setup(s.hardware, s.trainer.seed)
+    return s, build_task(s, build_dataset(s.data))
+
+
+def is_health(key: str) -> bool:
+    return key.split("/")[-1] in HEALTH or key.endswith("/grad_norm")
+
+
+class Recorder:
+    """The tracker `run_steps` talks to, keeping what it was given."""
+
+    def __init__(self):
+        self.logged: list[tuple[int, dict[str, float]]] = []
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        self.logged.append((step, dict(metrics)))
+
+
+def loop(task, s) -> Recorder:
+    """`trainer.run_steps` over the whole schedule, as `fit` runs it (no evaluation, no checkpoints)."""
+    tracker = Recorder()
+    cfg = s.trainer
+    run_steps(task, tracker, cfg, None, range(1, cfg.max_steps + 1), Progress(cfg.max_steps, 0, cfg.print_every, 0))
+    return tracker
+
+
+@pytest.mark.parametrize("case", [GAN, CLASSIFIER], ids=["gan", "classifier"])
+def test_measuring_every_fifth_step_trains_bit_identically(case):
+    """Same seed: weights, losses, loss scales and skipped counts agree exactly, step by step."""
+    runs = []
+    for every in (1, 5):
+        _, task = build(*case, "amp=o2", "scaler=dynamic", "scaler.window=4")
+        trace = []
+        for step in range(1, 26):
+            task.train_step(step, measure=step % every == 0)
+            trace += [(n, {k: v for k, v in m.items() if not is_health(k)}) for n, m in task.metrics()]
+        weights = {p.name: p.asnumpy().copy() for state in task.states() for p in state.step.weights}
+        weights.update({k: p.asnumpy().copy() for k, p in task.state_parameters().items()})
+        launches = [dict(state.step.launches) for state in task.states()]
+        runs.append((trace, weights, launches))
+    (trace_a, weights_a, launches_a), (trace_b, weights_b, launches_b) = runs
+    assert all(n["plain"] == 0 for n in launches_a) and all(n["plain"] > 0 for n in launches_b)
+    assert trace_b == trace_a
+    prefix = "critic" if case is GAN else "train"
+    scales = [m[f"{prefix}/scale"] for _, m in trace_a if f"{prefix}/scale" in m]
+    skipped = [m[f"{prefix}/skipped"] for _, m in trace_a if f"{prefix}/skipped" in m]
+    assert len(scales) == 25 and len(set(scales)) > 1 and skipped[-1] > 0  # the scaler did act
+    assert weights_b.keys() == weights_a.keys()
+    for k, w in weights_a.items():
+        np.testing.assert_array_equal(weights_b[k], w, err_msg=k)
+
+
+def test_health_is_logged_exactly_at_the_measured_drains():
+    """Drains at 1, 3, 4, 5, 6, 8, 9, 10, 12; measured: log steps 5, 10, layer steps 4, 8, 12, the first."""
+    s, task = build(*CLASSIFIER, "amp=o2", "scaler=dynamic", "trainer.max_steps=12", "trainer.log_every=5",
+                    "trainer.print_every=3", "trainer.layer_health_every=4")
+    logged = loop(task, s).logged
+    drains = [step for step, m in logged if "train/loss" in m]
+    assert drains == [1, 3, 4, 5, 6, 8, 9, 10, 12]
+    for field in (*HEALTH, "grad_norm"):
+        assert [step for step, m in logged if f"train/{field}" in m] == [1, 4, 5, 8, 10, 12], field
+    assert [step for step, m in logged if "grad/head.fc.weight/max_abs" in m] == [1, 4, 8, 12]
+    assert task.state.step.launches == {"measured": 6, "plain": 6}
+
+
+@pytest.mark.parametrize("scaler,plain_norm", [("dynamic", False), ("fixed_clip", True)])
+def test_a_drain_reports_health_of_its_newest_measured_status(scaler, plain_norm):
+    """Health from the newest measured status drained; grad_norm only if the newest status has it."""
+    _, task = build(*CLASSIFIER, f"scaler={scaler}")
+    state = task.state
+    (_, (x, y)), = task.step_inputs()
+    measured = state.step.launch(x, y, measure=True)
+    state.push(1, measured, True)
+    state.push(2, state.step.launch(x, y, measure=False), False)
+    _, metrics = state.drain()
+    np.testing.assert_array_equal(state.last_health, state.step.decode(measured.asnumpy()).health)
+    assert all(f"train/{field}" in metrics for field in HEALTH)
+    assert ("train/grad_norm" in metrics) is plain_norm
+    state.push(3, state.step.launch(x, y, measure=False), False)
+    _, metrics = state.drain()
+    assert not any(f"train/{field}" in metrics for field in HEALTH) and "train/loss" in metrics
+    assert ("train/grad_norm" in metrics) is plain_norm
+
+
+def test_a_scaler_that_reads_health_measures_every_step():
+    s, task = build(*GAN, "amp=o2", "scaler=underflow_aware", "trainer.max_steps=8", "trainer.log_every=4",
+                    "trainer.layer_health_every=0")
+    logged = loop(task, s).logged
+    for state in task.states():
+        assert state.step.plain is state.step.fn and state.step.measured(False)
+        assert state.step.launches["plain"] == 0 and state.step.launches["measured"] > 0
+    # every drain reports health: every status was measured, even those only fetched for the status line
+    assert [step for step, m in logged if "critic/underflow" in m] == [step for step, m in logged if "critic/loss" in m]
+
+
+def test_no_second_variant_with_health_off():
+    s, task = build(*CLASSIFIER, "trainer.grad_health=false", "trainer.log_every=5")
+    step = task.state.step
+    assert step.build_plain is None and step.plain is step.fn and not step.measures_health
+    logged = loop(task, s).logged
+    assert step.launches == {"measured": s.trainer.max_steps, "plain": 0}
+    assert not any(f"train/{field}" in m for _, m in logged for field in HEALTH)
+
+
+def test_scalers_read_health_exactly_when_their_config_says_so():
+    """make_step reads the scaler's `needs_health`; validation reads its config's: they agree."""
+    for name, scaler in SCALERS.items():
+        assert scaler.needs_health is scaler.config.needs_health, name
+    assert [name for name, scaler in SCALERS.items() if scaler.needs_health] == ["underflow_aware"]
