@@ -28,7 +28,6 @@ class NoOpScaler:
 
     config = NoneScalerConfig
     needs_norm = False    # True: clip() reads the global gradient norm
-    needs_health = False  # True: adjust() reads the health rows, so every step must compute them
 
     def __init__(self, cfg, prefix: str):
         self.scale_value = Parameter(Tensor(getattr(cfg, "init_scale", 1.0), ms.float32), name=f"{prefix}.scale", requires_grad=False)
@@ -126,11 +125,10 @@ class UnderflowAwareScaler(DynamicScaler):
             since_early_raise += 1
 
     It reads the health rows, so it is fed by every step: with it every train step runs the
-    measuring variant (`needs_health`), gradient health on, whatever the logging cadence.
+    measuring variant (its config's `needs_health`), gradient health on, whatever the logging cadence.
     """
 
     config = UnderflowAwareScalerConfig
-    needs_health = True
 
     def __init__(self, cfg, prefix: str):
         super().__init__(cfg, prefix)

@@ -136,7 +136,7 @@ def make_step(loss_fn: Callable, weights: Sequence, optimizer, scaler, health_fn
 
     plain_norm = global_norm if scaler.needs_norm else no_norm
     norm_fn = plain_norm if health_fn is no_health else global_norm
-    single = health_fn is no_health or scaler.needs_health
+    single = health_fn is no_health or scaler.config.needs_health
     return Step(fn=variant(health_fn, norm_fn), loss_names=tuple(loss_names), weights=tuple(weights),
                 measures_health=health_fn is not no_health, measures_norm=norm_fn is not no_norm,
                 build_plain=None if single else lambda: variant(no_health, plain_norm),
