@@ -114,6 +114,12 @@ def finish(task, tracker, cfg, run_dir: Path, step: int, outcome: str) -> dict[s
     return final
 
 
+def _duration(seconds: float) -> str:
+    """12s, 3m05s, 1h02m."""
+    s = int(seconds)
+    return f"{s}s" if s < 60 else f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
 def _fmt(metrics: dict[str, float]) -> str:
     return "  ".join(f"{k} {v:.4g}" for k, v in metrics.items())
 
@@ -134,12 +140,15 @@ class Progress:
 
     def line(self, step: int, m: dict[str, float]) -> str:
         self.last = now = time.perf_counter()
-        done = max(step - self.start_step, 1)
-        rate = done / max(now - self.start, 1e-9)
         parts = [f"step {step}/{self.total} ({100 * step // self.total}%)"]
         parts += [f"{k} {v:.4g}" for k, v in m.items() if k.endswith("/loss")]
         parts += [f"{k} {v:g}" for k, v in m.items() if k.endswith("/scale") or k.endswith("/skipped")]
-        parts.append(f"{rate:.1f} step/s, eta {int((self.total - step) / rate)}s")
+        if step == self.start_step + 1:  # the first step compiles the graphs: its time says nothing of the rest
+            parts.append(f"first step {now - self.start:.1f}s (compiling)")
+            self.start, self.start_step = now, step
+        else:
+            rate = max(step - self.start_step, 1) / max(now - self.start, 1e-9)
+            parts.append(f"{rate:.1f} step/s, {_duration((self.total - step) / rate)} left")
         return " | ".join(parts)
 
 

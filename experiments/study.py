@@ -14,7 +14,9 @@ is the reference, what to add after the sweep (diagnose's verdicts). Running one
    run with one child per job, and the sweep's own report);
 2. its runs are read back from the store; each configuration's metrics are summarised over
    seeds (mean, standard deviation, min-max, diverged seeds) and compared with the reference
-   configuration by Welch's t-test: a difference "exceeds seed noise" when p < 0.05;
+   configuration by a paired t-test over the seeds both ran (same seed: same initial weights
+   and batches; Welch's test when they share fewer than two): a difference "exceeds seed
+   noise" when p < 0.05;
 3. the table (`table.md`, `table.csv`, every run in `runs.csv`), the charts and a
    self-contained `report.html` go to `outputs/studies/<name>/` and to the parent run under
    `study/`, with the study's conclusion line as the parent's `ampgan.study_answer` tag.
@@ -38,7 +40,7 @@ from ampgan import AmpganError
 from ampgan.config import outputs_dir
 
 SEED_KEY = "trainer.seed"
-NOISE_P = 0.05          # Welch's t-test level at which a difference exceeds seed noise
+NOISE_P = 0.05          # the t-test level at which a difference exceeds seed noise
 STUDY_DIR = "study"     # artifact folder on the sweep's parent run
 
 
@@ -136,6 +138,30 @@ def welch_p(a: list[float], b: list[float]) -> float | None:
     return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
 
 
+def paired_p(a: list[float], b: list[float]) -> float | None:
+    """Two-sided paired t-test p-value of mean(a - b) != 0 over pairs (same seed); None with < 2 finite pairs."""
+    from scipy import stats
+
+    d = [x - y for x, y in zip(a, b) if math.isfinite(x) and math.isfinite(y)]
+    if len(d) < 2:
+        return None
+    if np.std(d) == 0:
+        return 1.0 if np.mean(d) == 0 else 0.0
+    return float(stats.ttest_rel([x for x, y in zip(a, b) if math.isfinite(x) and math.isfinite(y)],
+                                 [y for x, y in zip(a, b) if math.isfinite(x) and math.isfinite(y)]).pvalue)
+
+
+def compare(g: Group, base: Group, metric: str) -> tuple[float | None, str]:
+    """(p, test): paired over the seeds both configurations ran (same seed: same initial weights and
+    batches, so the seed's own effect cancels), else Welch's test on the two samples."""
+    by_seed = {str(r.get(SEED_KEY)): r for r in base.rows}
+    pairs = [(r, by_seed[str(r.get(SEED_KEY))]) for r in g.rows if str(r.get(SEED_KEY)) in by_seed]
+    if len(pairs) >= 2:
+        a, b = Group(g.key, [x for x, _ in pairs]), Group(base.key, [y for _, y in pairs])
+        return paired_p(a.values(metric), b.values(metric)), "paired"
+    return welch_p(g.values(metric), base.values(metric)), "Welch"
+
+
 def spread(values: list[float]) -> dict:
     finite = [v for v in values if math.isfinite(v)]
     if not finite:
@@ -171,13 +197,13 @@ def seed_table(study: Study, rows: list[dict]) -> list[dict]:
             s = spread(g.values(m))
             row[m] = f"{_fmt(s['mean'])} ± {_fmt(s['std'])} [{_fmt(s['min'])}-{_fmt(s['max'])}]" if s["n"] else "-"
             row[f"_{m}"] = s
-        if ref is not None and g is not ref and study.reference.keys() <= set(study.groups):
+        if ref is not None and not _is_ref(g, study) and study.reference.keys() <= set(study.groups):
             r_facet = [gg for gg in groups if _same_except(gg.key, g.key, study) and _is_ref(gg, study)]
             base = r_facet[0] if r_facet else ref
             diff = spread(g.values(head))["mean"] - spread(base.values(head))["mean"]
-            p = welch_p(g.values(head), base.values(head))
+            p, test = compare(g, base, head)
             row[f"{head} - ref"] = _fmt(diff)
-            row["p"] = "-" if p is None else f"{p:.3f}"
+            row["p"] = "-" if p is None else f"{p:.3f} ({test})"
             row["beyond noise"] = "-" if p is None else ("yes" if p < NOISE_P else "no")
         out.append(row)
     return out
@@ -328,7 +354,7 @@ def section(ctx: Context, table: list[dict], charts: list[str], answer: str) -> 
     flag = {"default": "", "full": " ARGS=--full", "quick": " ARGS=--quick"}[ctx.mode]
     lines = [f"### {study.title}", "", f"**Question.** {study.question}", "", f"**Setup.** {' '.join(study.setup.split())}",
              "", f"**Result** ({ctx.mode} form, {len(ctx.runs)} runs, {minutes:.0f} min; mean ± sd [min-max] over seeds; "
-             f"'beyond noise': Welch's t-test against the reference, p < {NOISE_P}):", "", markdown(table), ""]
+             f"'beyond noise': t-test against the reference, paired by seed, p < {NOISE_P}):", "", markdown(table), ""]
     lines += [f"![{name}](../docs/studies/{study.name}/{name}.png)" for name in charts]
     lines += ["", *[f"    {n}" for n in ctx.notes], ""] if ctx.notes else [""]
     lines += [f"**Answer.** {answer}", "", f"**Reproduce.** `make study NAME={study.name}{flag}` "

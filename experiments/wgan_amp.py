@@ -30,18 +30,32 @@ STUDY = Study(
 )
 
 
+def identical(ctx: Context) -> list[list[str]]:
+    """Configurations whose runs gave the very same swd, seed by seed, on every data set."""
+    runs: dict[str, list] = {}
+    for r in sorted(ctx.rows, key=lambda r: (r["wgan_data"], str(r.get("trainer.seed")))):
+        runs.setdefault(r["wgan_amp"], []).append(r.get("swd"))
+    same: dict[tuple, list[str]] = {}
+    for arm, values in runs.items():
+        same.setdefault(tuple(values), []).append(arm)
+    return [arms for arms in same.values() if len(arms) > 1]
+
+
 def answer(ctx: Context) -> str:
     worse, better = beyond_noise(ctx, lower_is_better=True)
     n = sum(1 for r in ctx.table if r.get("beyond noise") in ("yes", "no"))
+    twins = "; ".join(" = ".join(arms) for arms in identical(ctx))
+    twins = f" Identical runs, seed for seed: {twins}." if twins else ""
     if not worse and not better:
         return (f"None of the {n} AMP configurations differs from FP32 in swd beyond seed noise "
-                f"(Welch p >= 0.05, {seeds(ctx)} seeds each).")
+                f"(t-test paired by seed, p >= 0.05, {seeds(ctx)} seeds each).{twins}")
     parts = []
     if worse:
         parts.append("worse than FP32: " + ", ".join(worse))
     if better:
         parts.append("better than FP32: " + ", ".join(better))
-    return f"{n - len(worse) - len(better)} of {n} AMP configurations match FP32 within seed noise; " + "; ".join(parts) + "."
+    return (f"{n - len(worse) - len(better)} of {n} AMP configurations match FP32 within seed noise; "
+            + "; ".join(parts) + "." + twins)
 
 
 if __name__ == "__main__":

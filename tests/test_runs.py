@@ -101,3 +101,18 @@ def test_diverging_run_stops_and_says_so(outputs, tmp_path):
     assert run.info.status == "FINISHED" and run.data.tags["outcome"] == "diverged"
     assert run.data.metrics["train/diverged"] == 1.0
     assert run.data.metrics["train/steps"] < 60
+
+
+def test_status_line_reports_the_compile_then_the_speed_of_the_compiled_steps(monkeypatch):
+    """The first line says how long the first (compiling) step took; later lines' speed and time left
+    count only the steps after it, and a time-based line is due without waiting for the step count."""
+    from ampgan import trainer
+
+    clock = iter([0.0, 8.0, 10.0, 10.0, 45.0, 45.0])
+    monkeypatch.setattr(trainer.time, "perf_counter", lambda: next(clock))
+    progress = trainer.Progress(total=101, start_step=0, every=50, seconds=30)  # start at t=0
+    assert progress.line(1, {"critic/loss": 0.5}) == "step 1/101 (0%) | critic/loss 0.5 | first step 8.0s (compiling)"
+    assert progress.line(21, {}).endswith("10.0 step/s, 8s left")    # 20 steps in 2 s after the compile
+    assert not progress.due(22)                                        # t=10: 0 s since the last line
+    assert progress.due(23)                                            # t=45: 35 s > 30 s
+    assert progress.line(23, {}).endswith("0.6 step/s, 2m11s left")   # 22 steps in 37 s, 78 to go

@@ -32,7 +32,7 @@ def test_seed_table_compares_each_configuration_with_the_reference_of_its_own_fa
     assert table[("a", "o3")]["beyond noise"] == "no"
     # b/o2 is compared with b/fp32 (3.0), not with a/fp32 (1.0)
     assert table[("b", "o2")]["beyond noise"] == "no" and float(table[("b", "o2")]["swd - ref"]) == pytest.approx(0.0)
-    assert "beyond noise" not in table[("a", "fp32")]
+    assert "beyond noise" not in table[("a", "fp32")] and "beyond noise" not in table[("b", "fp32")]
     assert table[("a", "o2")]["seeds"] == 3 and table[("a", "o2")]["_swd"]["min"] == 2.9
     ctx = Context(STUDY, None, "", None, [], rows, list(table.values()), ROOT, "default")
     worse, better = beyond_noise(ctx, lower_is_better=True)
@@ -87,3 +87,12 @@ def test_each_study_runs_its_shortest_form_and_publishes_to_its_sweep(name, outp
                 "underflow": {"o2-none-o2_none": "underflow"},
                 "classifier_nan": {"o2-none-o2": "healthy"}}.get(name, {})
     assert by_arm == expected
+
+
+def test_a_small_shift_shared_by_every_seed_exceeds_seed_noise_when_paired():
+    """Seeds spread the metric far more than the configuration shifts it; pairing by seed sees the shift."""
+    base = [1.0, 2.0, 3.0, 4.0]
+    rows = _rows({("a", "fp32"): base, ("a", "o2"): [b + 0.01 + 0.001 * i for i, b in enumerate(base)]})
+    o2 = next(r for r in seed_table(STUDY, rows) if r["arm"] == "o2")
+    assert o2["beyond noise"] == "yes" and o2["p"].endswith("(paired)")
+    assert welch_p([b + 0.01 for b in base], base) > 0.5   # unpaired, the shift drowns in the seeds' spread
