@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from experiments.study import (Context, Study, chart_lines, diagnose_run, first_run, quick_diagnose, run,
-                               same_value, seeds)
+from experiments.study import Context, Study, chart_lines, diagnose_run, first_run, quick_diagnose, run, seeds
 
 TRAINS = 0.8   # mean test accuracy at which a configuration counts as training (digits, 10 classes)
 
@@ -35,7 +34,7 @@ def after(ctx: Context) -> None:
         target = first_run(ctx, **{"model.lr": lr, "nan_fix": "o2"})
         if target is None:
             continue
-        d = diagnose_run(target.info.run_id, ctx.uri, quick_diagnose(ctx), ctx.echo)
+        d = diagnose_run(ctx, target.info.run_id, quick_diagnose(ctx))
         ctx.diagnoses[lr] = d
         ctx.notes.append(f"diagnose O2 at lr {lr} (run {target.info.run_name}): verdict {d['verdict']}"
                          + (f" at {d['layer']}" if d["layer"] != "-" else "") + (f", fix: {d['fix']}" if d["fix"] != "-" else ""))
@@ -53,17 +52,18 @@ def trains(row: dict) -> bool:
 
 
 def answer(ctx: Context) -> str:
-    def at(lr, arm):
-        return next((r for r in ctx.table if same_value(r["model.lr"], lr) and r["nan_fix"] == arm), None)
-
     lrs = list(dict.fromkeys(r["model.lr"] for r in ctx.table))
-    both_ok = [lr for lr in lrs if at(lr, "fp32") and at(lr, "o2") and trains(at(lr, "fp32")) and trains(at(lr, "o2"))]
-    only_o2 = [lr for lr in lrs if at(lr, "fp32") and at(lr, "o2") and trains(at(lr, "fp32")) and not trains(at(lr, "o2"))]
-    both_bad = [lr for lr in lrs if at(lr, "fp32") and not trains(at(lr, "fp32"))]
-    text = (f"FP32 and O2 both train (accuracy >= {TRAINS}) at lr {', '.join(both_ok) or 'none'}; only O2 fails at "
-            f"{', '.join(only_o2) or 'none'}; FP32 fails too at {', '.join(both_bad) or 'none'} ({seeds(ctx)} seeds)")
+    fp32 = {r["model.lr"]: r for r in ctx.table if r["nan_fix"] == "fp32"}
+    ok = [lr for lr in lrs if lr in fp32 and trains(fp32[lr])]
+    bad = [lr for lr in lrs if lr in fp32 and not trains(fp32[lr])]
+    nonfinite = sum(r["diverged"] for r in ctx.table)
+    off = [f"{r['nan_fix']} at lr {r['model.lr']} ({r['accuracy - ref']}, p {r['p']})"
+           for r in ctx.table if r.get("beyond noise") == "yes"]
     verdicts = sorted({d["verdict"] for d in ctx.diagnoses.values()})
-    return text + (f"; diagnose says {', '.join(verdicts)}." if verdicts else ".")
+    return (f"{nonfinite} of {len(ctx.runs)} runs went non-finite; FP32 trains (accuracy >= {TRAINS}) at lr "
+            f"{', '.join(ok) or 'none'} and falls short at {', '.join(bad) or 'none'}; the seed's O2 and the fixes "
+            f"differ from FP32 beyond seed noise {'only for ' + '; '.join(off) if off else 'nowhere'} "
+            f"({seeds(ctx)} seeds, accuracy); diagnose on O2 at each rate: {', '.join(verdicts) or '-'}.")
 
 
 STUDY.after, STUDY.charts = after, charts

@@ -49,16 +49,16 @@ def charts(ctx: Context) -> dict:
 
 
 def answer(ctx: Context) -> str:
-    worse, _ = beyond_noise(ctx, lower_is_better=True)
-    worse_norms = {w.split(" ")[0] for w in worse}
+    worse, better = beyond_noise(ctx, lower_is_better=True)
     rows = sorted(ctx.table, key=lambda r: float(r["scaler.clip_norm"]))
-    fine = [r["scaler.clip_norm"] for r in rows if r["scaler.clip_norm"] not in worse_norms]
     rate = {r["scaler.clip_norm"]: r["_critic clip rate"]["mean"] for r in rows}
     now_and_then = [n for n, v in rate.items() if NOW_AND_THEN[0] <= v <= NOW_AND_THEN[1]]
-    return (f"swd worse than never clipping beyond seed noise at clip_norm {', '.join(sorted(worse_norms, key=float)) or 'none'}; "
-            f"within noise at {', '.join(fine) or 'none'}; critic clip rates "
+    return (f"Against never clipping (clip_norm {ctx.study.reference['scaler.clip_norm']}), swd is worse beyond seed "
+            f"noise at {', '.join(w.split(' ')[0] for w in worse) or 'no threshold'} and better at "
+            f"{', '.join(b.split(' ')[0] for b in better) or 'no threshold'}; critic clip rates "
             + ", ".join(f"{n}: {v:.0%}" for n, v in rate.items())
-            + f"; 'now and then' ({NOW_AND_THEN[0]:.0%}-{NOW_AND_THEN[1]:.0%}) at {', '.join(now_and_then) or 'none'} ({seeds(ctx)} seeds).")
+            + f"; 'now and then' ({NOW_AND_THEN[0]:.0%}-{NOW_AND_THEN[1]:.0%}) at {', '.join(now_and_then) or 'no threshold tried'} "
+            f"({seeds(ctx)} seeds).")
 
 
 STUDY.charts = charts

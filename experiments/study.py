@@ -88,6 +88,7 @@ class Context:
     echo: Callable = print
     notes: list[str] = field(default_factory=list)
     diagnoses: dict = field(default_factory=dict)   # what `after` learnt from diagnose, by arm
+    reuse: bool = False                              # publishing a finished sweep again: reuse its diagnoses
     started: float = 0.0                             # perf_counter when the sweep had finished
     sweep_minutes: float = 0.0                       # the sweep's own duration (its parent run's)
 
@@ -300,26 +301,48 @@ def first_run(ctx: Context, **values: str):
     return min(hits, key=lambda h: h[0])[1] if hits else None
 
 
-def diagnose_run(run_id: str, uri: str, extra: list[str] = (), echo=print) -> dict:
-    """`python -m ampgan.diagnose diagnose.run=<run_id>` in a child process; its verdict, layer and fix."""
-    from ampgan.tracking import make_client
+def diagnose_run(ctx: Context, run_id: str, extra: list[str] = ()) -> dict:
+    """`python -m ampgan.diagnose diagnose.run=<run_id>` in a child process; its verdict, layer and fix.
 
-    started = int(time.time() * 1000)
-    cmd = [sys.executable, "-m", "ampgan.diagnose", f"diagnose.run={run_id}", f"tracking.uri={uri}", *extra]
-    echo(f"study: {' '.join(cmd[1:])}")
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    client = make_client(uri)
+    When the study publishes a finished sweep again (`--sweep`), a diagnosis already logged for
+    that run is reused instead of replayed."""
+    client = ctx.client
     exp = client.get_experiment_by_name("ampgan-diagnose")
-    found = client.search_runs([exp.experiment_id], f"tags.`ampgan.diagnosed_run` = '{run_id}' and "
-                               f"attributes.start_time >= {started}", order_by=["attributes.start_time DESC"],
-                               max_results=1) if exp else []
+    if ctx.reuse and exp is not None:
+        done = _diagnoses(client, exp.experiment_id, run_id, 0)
+        if done:
+            ctx.echo(f"study: diagnose of run {run_id}: reusing {done[0].info.run_id}")
+            return _verdict(client, done[0], 0, None)
+    started = int(time.time() * 1000)
+    cmd = [sys.executable, "-m", "ampgan.diagnose", f"diagnose.run={run_id}", f"tracking.uri={ctx.uri}", *extra]
+    ctx.echo(f"study: {' '.join(cmd[1:])}")
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    exp = client.get_experiment_by_name("ampgan-diagnose")
+    found = _diagnoses(client, exp.experiment_id, run_id, started) if exp else []
     if not found:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         raise AmpganError(f"diagnose of run {run_id} made no run (exit {proc.returncode}): {tail[0]}")
-    t = found[0].data.tags
+    return _verdict(client, found[0], proc.returncode, proc.stdout)
+
+
+def _diagnoses(client, experiment_id: str, run_id: str, since_ms: int) -> list:
+    return client.search_runs([experiment_id], f"tags.`ampgan.diagnosed_run` = '{run_id}' and attributes.status = "
+                              f"'FINISHED' and attributes.start_time >= {since_ms}",
+                              order_by=["attributes.start_time DESC"], max_results=1)
+
+
+def _verdict(client, run, exit_code: int, text: str | None) -> dict:
+    """A diagnose run's verdict, layer, fix and terminal report (read back from its report.md when reused)."""
+    if text is None:
+        import tempfile
+
+        try:
+            text = Path(client.download_artifacts(run.info.run_id, "report.md", tempfile.mkdtemp())).read_text()
+        except Exception:  # noqa: BLE001 - an older diagnose run without its report: the verdict is enough
+            text = ""
+    t = run.data.tags
     return {"verdict": t.get("ampgan.verdict", "-"), "layer": t.get("ampgan.layer", "-") or "-",
-            "fix": t.get("ampgan.fix", "-"), "diagnose run": found[0].info.run_id, "exit": proc.returncode,
-            "text": proc.stdout}
+            "fix": t.get("ampgan.fix", "-"), "diagnose run": run.info.run_id, "exit": exit_code, "text": text}
 
 
 # ---------------------------------------------------------------- publishing
@@ -410,7 +433,7 @@ def _run(study: Study, args, mode: str, answer) -> int:
         r["run_id"] = run_.info.run_id
     sweep_minutes = ((parent.info.end_time or parent.info.start_time) - parent.info.start_time) / 60000
     ctx = Context(study, client, record["uri"], parent, runs, rows, seed_table(study, rows), folder, mode,
-                  started=time.perf_counter(), sweep_minutes=sweep_minutes)
+                  reuse=bool(args.sweep), started=time.perf_counter(), sweep_minutes=sweep_minutes)
     if study.after is not None:
         study.after(ctx)
     figs = {"seed_spread": chart_seed_spread(study, rows)}

@@ -30,7 +30,7 @@ def after(ctx: Context) -> None:
     target = first_run(ctx, underflow="o2_none")
     if target is None:
         return
-    d = diagnose_run(target.info.run_id, ctx.uri, quick_diagnose(ctx), ctx.echo)
+    d = diagnose_run(ctx, target.info.run_id, quick_diagnose(ctx))
     ctx.diagnoses["o2_none"] = d
     ctx.notes.append(f"diagnose o2_none (run {target.info.run_name}): verdict {d['verdict']} at {d['layer']}"
                      + (f", fix: {d['fix']}" if d["fix"] != "-" else "") + f" (diagnose run {d['diagnose run']})")
