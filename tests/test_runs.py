@@ -93,8 +93,8 @@ def test_interrupted_run_ends_killed(outputs, tmp_path, monkeypatch):
 
 def test_diverging_run_stops_and_says_so(outputs, tmp_path):
     """A run whose losses stay NaN stops after trainer.max_nonfinite_steps and is tagged diverged."""
-    cfg = compose_cfg("model=classifier", "data=digits", "trainer=smoke", "trainer.max_steps=60",
-                      "trainer.max_nonfinite_steps=5", "model.lr=1e6")
+    cfg = compose_cfg("model=classifier", "data=gaussians8", "trainer=smoke", "trainer.max_steps=60",
+                      "trainer.max_nonfinite_steps=5", "model.lr=1e12")
     train(cfg, run_dir=tmp_path / "run")
     _, runs = all_runs(outputs)
     run = runs[0]
