@@ -28,7 +28,7 @@ STUDY = Study(
 
 
 def after(ctx: Context) -> None:
-    for arm in ("pynative_o2", "jit_o2"):
+    for arm in ("pynative_o2",) if ctx.mode == "quick" else ("pynative_o2", "jit_o2"):
         target = first_run(ctx, collapse=arm)
         if target is None:
             continue

@@ -291,7 +291,7 @@ def chart_lines(rows: list[dict], x: str, series: str | None, metric: str, title
 # ---------------------------------------------------------------- diagnose from a study
 def quick_diagnose(ctx: Context) -> list[str]:
     """Diagnose's overrides for the study's mode: two replayed iterations in the quick form."""
-    return ["diagnose.steps=2", "diagnose.locate=false"] if ctx.mode == "quick" else []
+    return ["diagnose.steps=2", "diagnose.locate=false", "diagnose.mode=synced"] if ctx.mode == "quick" else []
 
 
 def first_run(ctx: Context, **values: str):

@@ -126,7 +126,7 @@ def test_sigterm_leaves_a_checkpoint_and_a_killed_run_that_resumes(tmp_path):
 def test_ctrl_c_during_the_final_evaluation_ends_killed(tmp_path):
     outputs = tmp_path / "out"
     # a slow final evaluation (many generated samples) gives the signal time to land inside it
-    args = ["trainer=smoke", "trainer.max_steps=3", "trainer.eval_every=0", "trainer.eval_samples=1000000",
+    args = ["trainer=smoke", "trainer.max_steps=3", "trainer.eval_every=0", "trainer.eval_samples=300000",
             "tracking.flush_every=1"]
     proc = start(*args, outputs=outputs)
     wait_for_step(proc, outputs, 3, key="critic/loss")
