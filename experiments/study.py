@@ -143,13 +143,13 @@ def paired_p(a: list[float], b: list[float]) -> float | None:
     """Two-sided paired t-test p-value of mean(a - b) != 0 over pairs (same seed); None with < 2 finite pairs."""
     from scipy import stats
 
-    d = [x - y for x, y in zip(a, b) if math.isfinite(x) and math.isfinite(y)]
-    if len(d) < 2:
+    pairs = [(x, y) for x, y in zip(a, b) if math.isfinite(x) and math.isfinite(y)]
+    if len(pairs) < 2:
         return None
+    d = [x - y for x, y in pairs]
     if np.std(d) == 0:
         return 1.0 if np.mean(d) == 0 else 0.0
-    return float(stats.ttest_rel([x for x, y in zip(a, b) if math.isfinite(x) and math.isfinite(y)],
-                                 [y for x, y in zip(a, b) if math.isfinite(x) and math.isfinite(y)]).pvalue)
+    return float(stats.ttest_rel([x for x, _ in pairs], [y for _, y in pairs]).pvalue)
 
 
 def compare(g: Group, base: Group, metric: str) -> tuple[float | None, str]:
@@ -404,7 +404,7 @@ def run(study: Study, argv: list[str] | None = None, answer: Callable[[Context],
 
 
 def _run(study: Study, args, mode: str, answer) -> int:
-    from ampgan.report import figure_png, summarize
+    from ampgan.report import children_of, figure_png, markdown, summarize
     from ampgan.tracking import make_client
 
     folder = Path(args.out or outputs_dir() / "studies" / (study.name + ("" if mode == "default" else f"-{mode}")))
@@ -422,10 +422,8 @@ def _run(study: Study, args, mode: str, answer) -> int:
         record = run_sweep(cmd, sweep_dir)
     client = make_client(record["uri"])
     parent = client.get_run(record["run_id"])
-    from ampgan.report import children_of
-
     runs = children_of(client, parent)
-    varies = [k for k in study.groups + [SEED_KEY]]
+    varies = study.groups + [SEED_KEY]
     rows = [summarize(client, r, varies) for r in runs]
     for r, run_ in zip(rows, runs):
         r.update({k: arm_of(run_, k) for k in varies if r.get(k) in (None, "-")})
@@ -444,8 +442,6 @@ def _run(study: Study, args, mode: str, answer) -> int:
     publish(ctx, pngs, text)
     minutes = ctx.minutes()
     client.set_tag(parent.info.run_id, "ampgan.study_minutes", f"{minutes:.1f}")
-    from ampgan.report import markdown
-
     print(markdown(public(ctx.table)))
     for line in ctx.notes:
         print(line)
