@@ -124,6 +124,9 @@ class TaskBase:
     scalers: dict
     batches: Batches
     rngs: dict[str, np.random.Generator]
+    # the attributes that hold the compiled steps and what they close over (nets, optimizers,
+    # scalers): `ampgan.graph_pool` hands a pooled task's to a fresh task of the same structure
+    GRAPH_ATTRS: tuple[str, ...] = ("nets", "optimizers", "scalers")
 
     def states(self) -> list[NetState]:
         raise NotImplementedError
@@ -153,8 +156,23 @@ class TaskBase:
                 out[f"{group}/{param.name}"] = param
         for group, scaler in self.scalers.items():
             for attr, value in sorted(vars(scaler).items()):
-                if isinstance(value, ms.Parameter):
+                if isinstance(value, ms.Parameter) and attr not in scaler.hyperparameters:
                     out[f"{group}/{attr}"] = value
+        return out
+
+    def graph_parameters(self) -> dict[str, ms.Parameter]:
+        """Every Parameter the compiled steps read: the state above, the weights, the learning
+        rates and the scalers' settings; `ampgan.graph_pool` copies them all into a pooled task."""
+        out = self.state_parameters()
+        for group, net in self.nets.items():
+            for param in net.trainable_params():
+                out.setdefault(f"{group}/{param.name}", param)
+        for group, opt in self.optimizers.items():
+            for i, lr in enumerate(opt.lrs):
+                out[f"{group}/lr{i}"] = lr
+        for group, scaler in self.scalers.items():
+            for attr in scaler.hyperparameters:
+                out[f"{group}/{attr}"] = getattr(scaler, attr)
         return out
 
     def host_state(self) -> dict:
@@ -178,6 +196,7 @@ def _health_fn(s: Settings):
 class GanTask(TaskBase):
     objective = "eval/swd"
     direction = "minimize"
+    GRAPH_ATTRS = TaskBase.GRAPH_ATTRS + ("gen", "critic", "gen_amp", "critic_amp", "critic_gp")
 
     def __init__(self, s: Settings, data: Dataset):
         m, shape = s.model, data.sample_shape
@@ -281,6 +300,7 @@ class GanTask(TaskBase):
 class ClassifierTask(TaskBase):
     objective = "eval/accuracy"
     direction = "maximize"
+    GRAPH_ATTRS = TaskBase.GRAPH_ATTRS + ("net", "net_amp")
 
     def __init__(self, s: Settings, data: Dataset):
         self.data = data

@@ -33,6 +33,7 @@ def _process_start() -> float:
 
 
 _PROCESS_START = _process_start()
+_IMPORTS_DONE = False  # an earlier job of this process paid for the imports
 
 
 def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
@@ -41,14 +42,17 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
     With `trainer.resume` (or `trainer.requeue` and a requeued run of the same job), the run
     continues from its last full-state checkpoint, in its own folder and MLflow run.
     """
-    from ampgan import checkpoint, hardware
+    from ampgan import checkpoint, graph_pool, hardware
     from ampgan.data import build_dataset
     from ampgan.sync import end_lost_runs, sync_folder
     from ampgan.tasks import build_task
     from ampgan.tracking import build_tracker, flatten
 
     _pin_sources()
-    startup = {"startup/imports_s": time.perf_counter() - _PROCESS_START}
+    global _IMPORTS_DONE
+    # imports count once per process: a sweep's later jobs start with everything imported
+    startup = {"startup/imports_s": 0.0 if _IMPORTS_DONE else time.perf_counter() - _PROCESS_START}
+    _IMPORTS_DONE = True
     clock = time.perf_counter()
     settings = validate(cfg)
     resume = _resume_point(settings)
@@ -60,6 +64,7 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
     data = build_dataset(settings.data)
     task = build_task(settings, data)
     host = checkpoint.load(task, resume) if resume is not None else {}
+    reused = graph_pool.lend_graphs(task, settings)  # a serial sweep's next job: no compile
     run_dir = Path(run_dir or _hydra_output_dir() or Path.cwd())
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
@@ -72,7 +77,9 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
             sync_folder(run_dir, end=False)  # what a hard kill left in the journal reaches the store first
     params = flatten(OmegaConf.to_container(cfg, resolve=True))
     try:
-        return _tracked_fit(task, tracker, settings, run_dir, params, startup, clock, resume, host)
+        objective = _tracked_fit(task, tracker, settings, run_dir, params, startup, clock, resume, host, reused)
+        graph_pool.give_back(task, settings)
+        return objective
     except KeyboardInterrupt:
         if settings.trainer.requeue and tracker.run_id:  # the scheduler will start this job again
             tracker.set_tags({"ampgan.requeue": "pending"})
@@ -102,23 +109,37 @@ def _pin_sources() -> None:
 
 
 def _tracked_fit(task, tracker, settings: Settings, run_dir: Path, params: dict, startup: dict, clock: float,
-                 resume: Path | None, host: dict) -> float:
+                 resume: Path | None, host: dict, reused: bool) -> float:
     from ampgan.trainer import fit, tracked_run
 
-    with tracked_run(tracker, _run_name(settings), params, _tags(settings, run_dir), host.get("run_id")):
+    tags = {**_tags(settings, run_dir), "ampgan.graphs": "reused" if reused else "compiled"}
+    with tracked_run(tracker, _run_name(settings), params, tags, host.get("run_id")):
         if resume is not None:
             log.info(f"resuming run {tracker.run_id} from step {host['step']} ({resume})")
             tracker.set_tags({"ampgan.resumed_from_step": str(host["step"])})
         else:
-            log.info(f"run {tracker.run_id or '(not tracked)'}: {_run_name(settings)} -> {run_dir}")
+            log.info(f"run {tracker.run_id or '(not tracked)'}: {_run_name(settings)} -> {run_dir}"
+                     + (" (compiled steps of an earlier job reused)" if reused else ""))
             tracker.log_artifact(run_dir / "config.yaml")
             if (run_dir / ".hydra").is_dir():
                 tracker.log_artifact(run_dir / ".hydra", ".hydra")
         startup["startup/store_s"] = time.perf_counter() - clock
         tracker.log_metrics(startup, 0)
         log.info("start-up: " + ", ".join(f"{k.split('/')[1][:-2]} {v:.2f}s" for k, v in startup.items()))
-        final = fit(task, tracker, settings.trainer, run_dir, host.get("step", 0))
+        final = fit(task, tracker, settings.trainer, run_dir, host.get("step", 0), compiled=not reused)
+        tracker.log_metrics(_job_cost(final, host.get("step", 0), startup["startup/build_s"] + time.perf_counter() - clock),
+                            int(final["train/steps"]))
     return final[task.objective]
+
+
+def _job_cost(final: dict[str, float], start_step: int, wall_s: float) -> dict[str, float]:
+    """`job/wall_s`: this job from validation to its final checkpoint (the process's imports excluded);
+    `job/overhead_s`: that minus its steps at the loop's speed: what ampgan adds to a job of a sweep."""
+    steps = final["train/steps"] - start_step
+    out = {"job/wall_s": wall_s}
+    if steps > 1 and final["perf/step_s"] == final["perf/step_s"]:
+        out["job/overhead_s"] = wall_s - steps * final["perf/step_s"]
+    return out
 
 
 # settings a resumed run may change; every other one must be the run's own

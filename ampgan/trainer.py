@@ -18,12 +18,14 @@ from ampgan import checkpoint
 log = logging.getLogger("ampgan")
 
 
-def fit(task, tracker, cfg, run_dir: Path, start_step: int = 0) -> dict[str, float]:
-    """Train `task` from `start_step` to `cfg.max_steps` (`cfg` is a TrainerConfig); the final metrics."""
-    progress = Progress(cfg.max_steps, start_step, cfg.print_every, cfg.print_seconds)
+def fit(task, tracker, cfg, run_dir: Path, start_step: int = 0, compiled: bool = True) -> dict[str, float]:
+    """Train `task` from `start_step` to `cfg.max_steps` (`cfg` is a TrainerConfig); the final metrics.
+
+    `compiled`: the first step compiles the steps (False: they come compiled from an earlier job)."""
+    progress = Progress(cfg.max_steps, start_step, cfg.print_every, cfg.print_seconds, compiled)
     steps = range(start_step + 1, cfg.max_steps + 1)
     last_step, outcome = run_steps(task, tracker, cfg, run_dir, steps, progress)
-    return finish(task, tracker, cfg, run_dir, last_step, outcome)
+    return finish(task, tracker, cfg, run_dir, last_step, outcome, progress.seconds_per_step(last_step))
 
 
 def run_steps(task, tracker, cfg, run_dir: Path, steps: range, progress: Progress) -> tuple[int, str]:
@@ -39,7 +41,7 @@ def run_steps(task, tracker, cfg, run_dir: Path, steps: range, progress: Progres
     try:
         for step in steps:
             started = time.perf_counter()
-            first = step == steps.start
+            first = step == steps.start and not progress.past_first  # a loop continued (the bench's blocks) has had it
             log_now = step % cfg.log_every == 0 or first
             print_now = progress.due(step) or first
             layers_now = bool(cfg.layer_health_every) and (step % cfg.layer_health_every == 0 or step == 1)
@@ -97,9 +99,12 @@ def save_checkpoint(task, tracker, cfg, run_dir: Path, step: int) -> Path | None
                            extra={"run_id": tracker.run_id})
 
 
-def finish(task, tracker, cfg, run_dir: Path, step: int, outcome: str) -> dict[str, float]:
-    """Final evaluation, pictures and a final checkpoint, all handed to the tracker."""
-    final = {**task.evaluate(), "train/steps": float(step), "train/diverged": float(outcome == "diverged")}
+def finish(task, tracker, cfg, run_dir: Path, step: int, outcome: str, step_s: float = float("nan")) -> dict[str, float]:
+    """Final evaluation, pictures and a final checkpoint, all handed to the tracker.
+
+    `step_s`: seconds per step after the first (the compiling one), the loop's evaluations included."""
+    final = {**task.evaluate(), "train/steps": float(step), "train/diverged": float(outcome == "diverged"),
+             "perf/step_s": step_s}
     for state in task.states():
         final[f"{state.prefix}/skipped_total"] = float(state.skipped)
     tracker.log_metrics(final, step)
@@ -130,13 +135,20 @@ class Progress:
     Due every `every` steps and at least every `seconds` seconds (0: steps only), and at the end.
     """
 
-    def __init__(self, total: int, start_step: int = 0, every: int = 200, seconds: float = 0.0):
+    def __init__(self, total: int, start_step: int = 0, every: int = 200, seconds: float = 0.0, compiles: bool = True):
         self.total, self.start_step, self.every, self.seconds = total, start_step, every, seconds
+        self.first_note = "compiling" if compiles else "compiled steps reused"
         self.start = self.last = time.perf_counter()
+        self.past_first = False  # the first step's line was printed: speed counts from there
 
     def due(self, step: int) -> bool:
         timed = self.seconds > 0 and time.perf_counter() - self.last >= self.seconds
         return step % self.every == 0 or step == self.total or timed
+
+    def seconds_per_step(self, step: int) -> float:
+        """Seconds per step since the first step's status (NaN before a second step)."""
+        done = step - self.start_step
+        return (time.perf_counter() - self.start) / done if done > 0 and self.past_first else float("nan")
 
     def line(self, step: int, m: dict[str, float]) -> str:
         self.last = now = time.perf_counter()
@@ -144,8 +156,8 @@ class Progress:
         parts += [f"{k} {v:.4g}" for k, v in m.items() if k.endswith("/loss")]
         parts += [f"{k} {v:g}" for k, v in m.items() if k.endswith("/scale") or k.endswith("/skipped")]
         if step == self.start_step + 1:  # the first step compiles the graphs: its time says nothing of the rest
-            parts.append(f"first step {now - self.start:.1f}s (compiling)")
-            self.start, self.start_step = now, step
+            parts.append(f"first step {now - self.start:.1f}s ({self.first_note})")
+            self.start, self.start_step, self.past_first = now, step, True
         else:
             rate = max(step - self.start_step, 1) / max(now - self.start, 1e-9)
             parts.append(f"{rate:.1f} step/s, {_duration((self.total - step) / rate)} left")

@@ -66,6 +66,7 @@ TARGET_HEALTH = 1.03
 TARGET_TRACKING = 1.02
 TARGET_DIAGNOSE = 3.0
 TARGET_MEMORY_GROWTH_PCT = 5.0
+TARGET_JOB_OVERHEAD_S = 1.5  # seconds a job of a serial sweep adds beyond its steps
 
 HEADLINE_ROUNDS = 4.0  # the headline pairs: 4x the --repeats rounds (20 by default), of half-length blocks
 
@@ -395,6 +396,45 @@ def startup(store_dir: Path, device: str, repeats: int) -> list[dict]:
     return rows
 
 
+SWEEP_CLIP_NORMS = (0.25, 0.5, 1, 2, 4, 8)  # the serial 6-job clip sweep of the per-job overhead
+
+
+def sweep_overhead(store_dir: Path, device: str, quick: bool) -> dict:
+    """Per-job overhead of a serial sweep: `python -m ampgan.train -m scaler=fixed_clip scaler.clip_norm=<6 values>`.
+
+    A job's overhead is its cycle, from its MLflow run's start to the next job's, minus its steps
+    at the loop's own speed (`perf/step_s` x steps): what ampgan and Hydra add to each job (build,
+    graphs, store, final evaluation and pictures, checkpoint, the next job's set-up). The first job
+    compiles the steps; the later ones run them (`ampgan.graph_pool`). Each job also logs its own
+    in-process figure (`job/overhead_s`: from validation to the final checkpoint, minus its steps).
+    """
+    from mlflow.tracking import MlflowClient
+
+    steps = 50 if quick else 100
+    uri = f"sqlite:///{store_dir / 'sweep.db'}"
+    MlflowTracker(uri, "sweep")  # the store exists before the timed sweep
+    cmd = [sys.executable, "-m", "ampgan.train", "-m", "scaler=fixed_clip",
+           f"scaler.clip_norm={','.join(f'{c:g}' for c in SWEEP_CLIP_NORMS)}", f"trainer.max_steps={steps}",
+           "trainer.eval_every=0", f"tracking.uri={uri}", "tracking.experiment=sweep", f"hardware={device.lower()}"]
+    env = {**os.environ, "AMPGAN_OUTPUTS": str(store_dir), "GLOG_v": "3"}
+    started = time.perf_counter()
+    subprocess.run(cmd, env=env, check=True, capture_output=True, cwd=store_dir)
+    wall = time.perf_counter() - started
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("sweep").experiment_id])
+    jobs = sorted((r for r in runs if "job_num" in r.data.tags), key=lambda r: int(r.data.tags["job_num"]))
+    cycles = [(b.info.start_time - a.info.start_time) / 1000 - steps * a.data.metrics["perf/step_s"]
+              for a, b in zip(jobs, jobs[1:])]
+    in_process = [r.data.metrics["job/overhead_s"] for r in jobs]
+    later = cycles[1:]
+    low, high = bootstrap_ci(later)
+    return {"jobs": len(jobs), "steps": steps, "sweep_seconds": wall,
+            "graphs": [r.data.tags.get("ampgan.graphs", "") for r in jobs],
+            "first_job_s": cycles[0], "later_jobs_s": statistics.median(later), "later_min": min(later),
+            "later_max": max(later), "ci_low": low, "ci_high": high, "in_process_s": in_process,
+            "target_s": TARGET_JOB_OVERHEAD_S, "verdict": verdict((low, high), TARGET_JOB_OVERHEAD_S)}
+
+
 def _metric_name(text: str) -> str:
     """MLflow metric names: letters, digits, _ - . / only (spaces turned into _)."""
     return re.sub(r"[^A-Za-z0-9_\-./]", "", text.replace(" ", "_"))
@@ -440,20 +480,35 @@ def _startup_lines(start: list[dict]) -> list[str]:
     return lines
 
 
-def markdown(rows: list[dict], start: list[dict], mem: dict, meta: dict) -> str:
+def _sweep_lines(sweep: dict) -> list[str]:
+    if not sweep:
+        return []
+    later = sweep["in_process_s"][1:]
+    return ["", f"## per-job overhead of a serial {sweep['jobs']}-job clip sweep ({sweep['steps']} steps a job, "
+            f"{sweep['sweep_seconds']:.0f} s in all)", "",
+            "| job | seconds beyond its steps | 95% interval | target | verdict |", "|---|---|---|---|---|",
+            f"| first (graphs {sweep['graphs'][0]}) | {sweep['first_job_s']:.2f} | | | |",
+            f"| later (graphs {', '.join(sorted(set(sweep['graphs'][1:])))}), run start to next run start | "
+            f"{sweep['later_jobs_s']:.2f} [{sweep['later_min']:.2f}-{sweep['later_max']:.2f}] | "
+            f"{sweep['ci_low']:.2f}-{sweep['ci_high']:.2f} | <= {sweep['target_s']:.1f} | {sweep['verdict']} |",
+            f"| later, in process (`job/overhead_s`: validation to final checkpoint) | "
+            f"{statistics.median(later):.2f} [{min(later):.2f}-{max(later):.2f}] | | | |"]
+
+
+def markdown(rows: list[dict], start: list[dict], mem: dict, meta: dict, sweep: dict | None = None) -> str:
     lines = [f"# ampgan benchmark ({meta['device']}, {meta['cpus']} cores, MindSpore {meta['mindspore']}, {meta['date']})", "",
              "Per-iteration time (WGAN-GP: n_critic critic steps + 1 generator step; classifier: 1 step),"
              " median [min-max] over the rounds; ratio to the comparison's baseline, round by round: median [min-max]"
              f" and a {CI_LEVEL:.0%} bootstrap interval of the median ({CI_RESAMPLES} resamples of the rounds)."
              " Verdict: met when the whole interval is below the target, not met when it is all above,"
              " unresolved when it straddles the target.", ""]
-    lines += _comparison_lines(rows) + _memory_lines(mem) + _startup_lines(start)
+    lines += _comparison_lines(rows) + _memory_lines(mem) + _startup_lines(start) + _sweep_lines(sweep or {})
     return "\n".join(lines) + "\n"
 
 
-def figures(rows: list[dict], start: list[dict], mem: dict) -> dict[str, float]:
-    """The MLflow metrics of a bench run: every time, ratio and interval, start-up phase, memory figure."""
-    out = {}
+def figures(rows: list[dict], start: list[dict], mem: dict, sweep: dict | None = None) -> dict[str, float]:
+    """The MLflow metrics of a bench run: every time, ratio and interval, start-up phase, memory and sweep figure."""
+    out = {f"sweep/{k}": sweep[k] for k in ("first_job_s", "later_jobs_s", "ci_low", "ci_high")} if sweep else {}
     for r in rows:
         key = _metric_name(f"{r['comparison'].split(' (')[0]}/{r['variant']}")
         out.update({f"{key}/ms": r["ms_per_iteration"], f"{key}/ratio": r["ratio"],
@@ -475,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="3 repeats, half-size blocks, a 200-step default run and a 300-step memory run")
     parser.add_argument("--only", default="",
                         help="run only the comparisons whose name contains this text ('diagnose', 'memory' select those parts)")
-    parser.add_argument("--no-startup", action="store_true", help="skip the start-up measurement")
+    parser.add_argument("--no-startup", action="store_true", help="skip the start-up and sweep-overhead measurements")
     parser.add_argument("--memory-steps", type=int, default=None,
                         help="iterations of the long in-process memory run (default 20000, ~30 min on 2 CPU cores; "
                              "--quick: 300; 0: skip it)")
@@ -515,23 +570,29 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_startup:
         stage("start-up")
         start = startup(scratch, args.device, 2 if args.quick else 3)
+    sweep = {}
+    if not args.no_startup or "sweep" in only:
+        stage(f"per-job overhead: a serial {len(SWEEP_CLIP_NORMS)}-job clip sweep")
+        sweep = sweep_overhead(scratch, args.device, args.quick)
     import mindspore as ms
 
     meta = {"device": args.device, "cpus": os.cpu_count(), "mindspore": ms.__version__,
             "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M"), "repeats": repeats,
             "headline_rounds": max(3, round(repeats * HEADLINE_ROUNDS)), "memory_steps": memory_steps,
             "seconds": time.perf_counter() - started}
-    (out / "bench.json").write_text(json.dumps({"meta": meta, "comparisons": rows, "startup": start, "memory": mem}, indent=2))
-    report = markdown(rows, start, mem, meta)
+    (out / "bench.json").write_text(json.dumps({"meta": meta, "comparisons": rows, "startup": start, "memory": mem,
+                                                "sweep": sweep}, indent=2))
+    report = markdown(rows, start, mem, meta, sweep)
     (out / "bench.md").write_text(report)
     print(report)
 
     tracker = MlflowTracker(f"sqlite:///{outputs_dir() / 'mlflow.db'}", "ampgan-bench")
     with tracked_run(tracker, f"bench-{args.device.lower()}", meta, {"device": args.device}):
-        tracker.log_metrics(figures(rows, start, mem), 0)
+        tracker.log_metrics(figures(rows, start, mem, sweep), 0)
         tracker.log_artifact(out / "bench.md")
         tracker.log_artifact(out / "bench.json")
-    verdicts = [r["verdict"] for r in rows if "verdict" in r] + ([mem["long_run"]["verdict"]] if "long_run" in mem else [])
+    verdicts = ([r["verdict"] for r in rows if "verdict" in r] + ([mem["long_run"]["verdict"]] if "long_run" in mem else [])
+                + ([sweep["verdict"]] if sweep else []))
     print(f"done in {meta['seconds']:.0f}s; targets: {verdicts.count('met')} met, {verdicts.count('not met')} not met, "
           f"{verdicts.count('unresolved')} unresolved; written to {out}")
     return 0

@@ -9,6 +9,11 @@
 State lives in Parameters (changed with `ops.assign`), so a compiled step keeps it across
 calls. FP32 runs use `NoOpScaler` through the very same code path. Each optimised net
 gets its own instance; `prefix` keeps Parameter names unique within one graph.
+
+The settings a sweep varies (`init_scale`, `factor`, `window`, `clip_norm`) are Parameters
+too, not constants folded into the graph: the next job of a serial sweep runs the compiled
+step with its own values (`ampgan.graph_pool`). The other settings are graph constants.
+A scaler's `hyperparameters` name those that are not state: checkpoints leave them out.
 """
 
 from __future__ import annotations
@@ -22,12 +27,18 @@ from ampgan.amp.scaler_config import (DynamicScalerConfig, FixedClipScalerConfig
 
 
 # ---------------------------------------------------------------- scalers
+def _setting(value, dtype, name: str) -> Parameter:
+    """A setting the compiled step reads at run time (a sweep changes it without recompiling)."""
+    return Parameter(Tensor(value, dtype), name=name, requires_grad=False)
+
+
 @ms.jit_class
 class NoOpScaler:
     """Scale 1, nothing to adjust. Non-finite steps are applied unless `skip_nonfinite`."""
 
     config = NoneScalerConfig
     needs_norm = False    # True: clip() reads the global gradient norm
+    hyperparameters: tuple[str, ...] = ()  # attributes that hold settings in Parameters (not state)
 
     def __init__(self, cfg, prefix: str):
         self.scale_value = Parameter(Tensor(getattr(cfg, "init_scale", 1.0), ms.float32), name=f"{prefix}.scale", requires_grad=False)
@@ -73,12 +84,13 @@ class DynamicScaler(NoOpScaler):
     """
 
     config = DynamicScalerConfig
+    hyperparameters = ("factor", "window")
 
     def __init__(self, cfg, prefix: str):
         super().__init__(cfg, prefix)
         self.counter = Parameter(Tensor(0, ms.int32), name=f"{prefix}.counter", requires_grad=False)
-        self.factor = cfg.factor
-        self.window = cfg.window
+        self.factor = _setting(float(cfg.factor), ms.float32, f"{prefix}.factor")
+        self.window = _setting(cfg.window, ms.int32, f"{prefix}.window")
 
     def adjust(self, finite, health):
         one = ops.ones((), ms.float32)
@@ -201,17 +213,20 @@ class FixedClipScaler(NoOpScaler):
 
     config = FixedClipScalerConfig
     needs_norm = True
+    hyperparameters = ("clip_norm",)
 
     def __init__(self, cfg, prefix: str):
         super().__init__(cfg, prefix)
-        self.clip_norm = cfg.clip_norm
+        self.clip_norm = _setting(cfg.clip_norm, ms.float32, f"{prefix}.clip_norm")
         self.zero_nonfinite = not cfg.skip_nonfinite
 
     def clip(self, grads, grad_norm):
         if self.zero_nonfinite:
             grads = tuple(ops.select(ops.isfinite(g), g, ops.zeros_like(g)) for g in grads)
             grad_norm = ops.sqrt(ops.addn([ops.square(g).sum() for g in grads]))
-        ratio = self.clip_norm / ops.maximum(grad_norm, 1e-12)
+        # clip_norm x 1/norm, not clip_norm / norm: MindSpore computes a constant over a tensor that way,
+        # so the Parameter gives the very bits the constant clip norm gave (tests/test_graph_pool.py)
+        ratio = self.clip_norm * ops.reciprocal(ops.maximum(grad_norm, 1e-12))
         factor = ops.minimum(ratio, ops.ones((), ms.float32))
         clipped = ops.logical_and(ratio < 1.0, ops.isfinite(grad_norm))
         return tuple(g * factor.astype(g.dtype) for g in grads), clipped.astype(ms.float32)
