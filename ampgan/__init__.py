@@ -1,6 +1,8 @@
 """ampgan: reproducible, logged mixed-precision experiments in MindSpore."""
 
 import os as _os
+import re as _re
+import sys as _sys
 
 # MindSpore prints a wall of C++ warnings at import unless told otherwise.
 _os.environ.setdefault("GLOG_v", "3")
@@ -16,3 +18,20 @@ def require(ok: bool, message: str) -> None:
     """Raise AmpganError(message) unless `ok`: the one way config schemas reject a value."""
     if not ok:
         raise AmpganError(message)
+
+
+EXIT_BAD_INPUT = 2  # the exit code of every command refusing its input
+
+
+def one_line(message: str) -> str:
+    """The message on one line, every very long word cut short, printable on this terminal."""
+    text = " ".join(message.replace("\r", "\n").split("\n"))
+    text = _re.sub(r"\S{81,}", lambda m: f"{m.group(0)[:40]}...({len(m.group(0))} characters)", text)
+    encoding = getattr(_sys.stderr, "encoding", None) or "utf-8"
+    return text.encode(encoding, "backslashreplace").decode(encoding)
+
+
+def report_error(err: BaseException | str, code: int = EXIT_BAD_INPUT) -> int:
+    """Print `ampgan: error: <err>` as one line on stderr and return `code`: every command's way to refuse."""
+    print(f"ampgan: error: {one_line(str(err))}", file=_sys.stderr)
+    return code

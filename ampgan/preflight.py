@@ -48,7 +48,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from ampgan import AmpganError
+from ampgan import AmpganError, report_error
 from ampgan.config import COMBINATIONS, CONF_DIR, GROUPS, Settings, closest, validate
 
 MAX_JOBS = 100_000    # a sweep this large is refused (loudly): Hydra itself composes every job
@@ -88,17 +88,8 @@ def run_checked(main: Callable[[], object], config_name: str = "train", extra: E
     try:
         check(sys.argv[1:], config_name, extra)
     except AmpganError as err:
-        print(f"ampgan: error: {one_line(str(err))}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(report_error(err))
     main()
-
-
-def one_line(message: str) -> str:
-    """The message on one line, every very long word cut short, printable on this terminal."""
-    text = " ".join(message.replace("\r", "\n").split("\n"))
-    text = re.sub(r"\S{81,}", lambda m: f"{m.group(0)[:40]}...({len(m.group(0))} characters)", text)
-    encoding = getattr(sys.stderr, "encoding", None) or "utf-8"
-    return text.encode(encoding, "backslashreplace").decode(encoding)
 
 
 def _parse_args(argv: list[str]):

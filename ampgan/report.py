@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ampgan import AmpganError
+from ampgan import AmpganError, report_error
 from ampgan.config import outputs_dir
 
 PREFIXES = ("critic", "gen", "train")
@@ -382,8 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _report(args)
     except AmpganError as err:
-        print(f"ampgan: error: {err}", file=sys.stderr)
-        return 2
+        return report_error(err)
 
 
 def _report(args) -> int:

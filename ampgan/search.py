@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from ampgan import AmpganError
+from ampgan import AmpganError, report_error
 
 JOURNAL = "optuna.journal"
 
@@ -302,8 +302,7 @@ def run_search(words: list[str], trials: int, workers: int, storage: str | None)
     try:
         best = study.best_trial
     except ValueError:
-        print("ampgan: error: no trial completed", file=sys.stderr)
-        return 1
+        return report_error("no trial completed", code=1)
     print(f"best: trial {best.number} value {best.value:.6g} params {json.dumps(best.params)} "
           f"run {best.user_attrs.get('run_id', '-')}", flush=True)
     (folder / "best.json").write_text(json.dumps({"trial": best.number, "value": best.value, "params": best.params,
@@ -331,8 +330,7 @@ def main(argv: list[str] | None = None) -> int:
             raise AmpganError("--trials and --workers must be >= 1")
         return run_search(args.overrides, args.trials, args.workers, args.storage)
     except AmpganError as err:
-        print(f"ampgan: error: {err}", file=sys.stderr)
-        return 2
+        return report_error(err)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from ampgan import AmpganError
+from ampgan import AmpganError, report_error
 from ampgan.config import outputs_dir
 
 STATE = "state.json"
@@ -405,8 +405,7 @@ def main(argv: list[str] | None = None) -> int:
             Server(args.state).stop()
             print("server and PostgreSQL stopped")
     except AmpganError as err:
-        print(f"ampgan: error: {err}", file=sys.stderr)
-        return 2
+        return report_error(err)
     return 0
 
 

@@ -46,7 +46,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from ampgan import AmpganError
+from ampgan import AmpganError, report_error
 
 log = logging.getLogger("ampgan")
 
@@ -405,8 +405,7 @@ def main(argv: list[str] | None = None) -> int:
                f"hydra.sweep.dir={sweep.folder}", "hydra/sweeper=resume"]
         return subprocess.call(cmd)
     except AmpganError as err:
-        print(f"ampgan: error: {err}", file=sys.stderr)
-        return 2
+        return report_error(err)
 
 
 if __name__ == "__main__":

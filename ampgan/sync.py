@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ampgan import report_error
 from ampgan.config import outputs_dir
 from ampgan.tracking import (BATCH_METRICS, JOURNAL, JOURNAL_SENT, RUN_RECORD, make_client, read_journal,
                              write_atomic)
@@ -134,8 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     folders = args.folders or run_folders(outputs_dir())
     for folder in folders:
         if not (folder / RUN_RECORD).exists():
-            print(f"ampgan: error: {folder} is not a tracked run folder (no {RUN_RECORD})", file=sys.stderr)
-            return 2
+            return report_error(f"{folder} is not a tracked run folder (no {RUN_RECORD})")
     failed = 0
     for folder in folders:
         try:

@@ -16,7 +16,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from ampgan import AmpganError
+from ampgan import AmpganError, report_error
 from ampgan.config import CONF_DIR, PACKAGE_DIR, Settings, validate
 
 log = logging.getLogger("ampgan")
@@ -286,8 +286,7 @@ def main(cfg: DictConfig) -> float:
     try:
         return train(cfg)
     except AmpganError as err:
-        print(f"ampgan: error: {err}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(report_error(err))
     except KeyboardInterrupt as err:
         print(f"ampgan: interrupted ({err or 'Ctrl-C'}): the run ended KILLED after a checkpoint; "
               f"continue it with trainer.resume=<run id or run folder>", file=sys.stderr)

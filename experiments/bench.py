@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 from hydra import compose, initialize_config_dir
 
-from ampgan import hardware  # first: it quiets MindSpore's C++ logging before MindSpore loads
+from ampgan import hardware, report_error  # first: it quiets MindSpore's C++ logging before MindSpore loads
 from ampgan.config import CONF_DIR, Settings, outputs_dir, validate
 from ampgan.data import Dataset, build_dataset
 from ampgan.tasks import build_task
@@ -540,8 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         hardware.check_device(args.device)
     except Exception as err:  # noqa: BLE001
-        print(f"ampgan: error: {err}", file=sys.stderr)
-        return 2
+        return report_error(err)
     out = outputs_dir() / "bench"
     out.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="ampgan-bench-store-"))

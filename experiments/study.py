@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ampgan import AmpganError
+from ampgan import AmpganError, report_error
 from ampgan.config import outputs_dir
 
 SEED_KEY = "trainer.seed"
@@ -399,8 +399,7 @@ def run(study: Study, argv: list[str] | None = None, answer: Callable[[Context],
     try:
         return _run(study, args, mode, answer)
     except AmpganError as err:
-        print(f"ampgan: error: {err}", file=sys.stderr)
-        return 2
+        return report_error(err)
 
 
 def _run(study: Study, args, mode: str, answer) -> int:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ampgan import AmpganError
-from ampgan.preflight import check, one_line
+from ampgan import AmpganError, one_line
+from ampgan.preflight import check
 from tests.conftest import all_runs, run_cli
 
 LONG = "x" * 10000

@@ -8,7 +8,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from ampgan import AmpganError
+from ampgan import AmpganError, report_error
 from ampgan.config import CONF_DIR
 
 
@@ -21,8 +21,7 @@ def main(cfg: DictConfig) -> None:
     try:
         result = diagnose(cfg, Path(HydraConfig.get().runtime.output_dir))
     except AmpganError as err:
-        print(f"ampgan: error: {err}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(report_error(err))
     sys.exit(result.exit_code)
 
 
