@@ -183,7 +183,7 @@ def _against(ax, runs: list, key: str, ys: list[float | None], label: str) -> No
     ax.grid(alpha=0.3)
 
 
-def _figure(ncols: int = 1, nrows: int = 1, width: float = 5.0, height: float = 3.6):
+def new_figure(ncols: int = 1, nrows: int = 1, width: float = 5.0, height: float = 3.6):
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(width * ncols, height * nrows), dpi=80, layout="constrained")
@@ -196,7 +196,7 @@ def chart_objective(runs: list, varies: list[str]):
     if objective is None:
         return None
     keys = varies or ["run"]
-    fig, axes = _figure(len(keys))
+    fig, axes = new_figure(len(keys))
     for ax, key in zip(axes[0], keys):
         ys = [r.data.metrics.get(objective) for r in runs]
         if key == "run":
@@ -213,7 +213,7 @@ def chart_loss_scale(client, runs: list):
     prefixes = [p for p in PREFIXES if any(f"{p}/scale" in r.data.metrics for r in runs)]
     if not prefixes:
         return None
-    fig, axes = _figure(len(prefixes))
+    fig, axes = new_figure(len(prefixes))
     for ax, p in zip(axes[0], prefixes):
         for r in runs:
             hist = sorted((m.step, m.value) for m in client.get_metric_history(r.info.run_id, f"{p}/scale"))
@@ -233,7 +233,7 @@ def chart_skipped_clip(runs: list, varies: list[str]):
     if not prefixes:
         return None
     key = varies[0] if varies else None
-    fig, axes = _figure(2)
+    fig, axes = new_figure(2)
     for ax, (what, metric) in zip(axes[0], (("skipped steps", "skipped_total"), ("clip rate", "clip_rate"))):
         for p in prefixes:
             ys = [r.data.metrics.get(f"{p}/{metric}", r.data.metrics.get(f"{p}/skipped") if metric == "skipped_total" else None)
@@ -277,7 +277,7 @@ def heatmap_figure(grid: np.ndarray, rows: list[str], cols: list[str], title: st
         norm = LogNorm(vmin=lo, vmax=max(hi, lo * 10))
     else:
         norm = Normalize(vmin=0.0, vmax=max(float(grid[finite].max()), 1e-6) if finite.any() else 1.0)
-    fig, axes = _figure(width=max(5.0, 1.2 + 0.35 * len(cols)), height=1.4 + 0.28 * len(rows))
+    fig, axes = new_figure(width=max(5.0, 1.2 + 0.35 * len(cols)), height=1.4 + 0.28 * len(rows))
     ax = axes[0][0]
     import matplotlib
 

@@ -30,9 +30,9 @@ STUDY = Study(
 
 
 def charts(ctx: Context) -> dict:
-    from ampgan.report import _figure
+    from ampgan.report import new_figure
 
-    fig, axes = _figure(1)
+    fig, axes = new_figure(1)
     ax = axes[0][0]
     pts = [(r.get("critic clip rate"), r.get("swd"), r.get("scaler.clip_norm")) for r in ctx.rows]
     pts = [p for p in pts if isinstance(p[0], float) and isinstance(p[1], float) and math.isfinite(p[1])]

@@ -235,13 +235,13 @@ def public(table: list[dict]) -> list[dict]:
 # ---------------------------------------------------------------- charts
 def chart_seed_spread(study: Study, rows: list[dict], metric: str | None = None):
     """Each configuration's runs as dots (one per seed) with their mean; one panel per facet value."""
-    from ampgan.report import _figure
+    from ampgan.report import new_figure
 
     metric = metric or study.metrics[0]
     facet = study.facet if study.facet in study.groups else None
     facets = list(dict.fromkeys(str(r.get(facet)) for r in rows)) if facet else [None]
     keys = [k for k in study.groups if k != facet]
-    fig, axes = _figure(len(facets), width=max(4.5, 0.55 * len(group_rows(rows, keys)) + 2), height=3.8)
+    fig, axes = new_figure(len(facets), width=max(4.5, 0.55 * len(group_rows(rows, keys)) + 2), height=3.8)
     for ax, fv in zip(axes[0], facets):
         sub = [r for r in rows if facet is None or str(r.get(facet)) == fv]
         groups = group_rows(sub, keys)
@@ -263,9 +263,9 @@ def chart_seed_spread(study: Study, rows: list[dict], metric: str | None = None)
 def chart_lines(rows: list[dict], x: str, series: str | None, metric: str, title: str, logx: bool = True):
     """`metric` against a numeric swept key, one line (mean over seeds, min-max bars) per `series` value
     (one line in all when `series` is None)."""
-    from ampgan.report import _figure
+    from ampgan.report import new_figure
 
-    fig, axes = _figure(1)
+    fig, axes = new_figure(1)
     ax = axes[0][0]
     for sv in dict.fromkeys(str(r.get(series)) for r in rows):
         pts: dict[float, list[float]] = {}
