@@ -221,6 +221,7 @@ class TrainerConfig:
     requeue: bool = False        # on SIGTERM end the run so that a restarted job of the same key continues it
     keep_checkpoints: int = 2    # newest full-state checkpoint sets kept in the run folder
     print_seconds: float = 30.0  # a status line at least this often (0: only every print_every steps)
+    reuse_compiled: bool = True  # a later job of this process with the same structure runs the compiled steps again
 
     def __post_init__(self) -> None:
         require(self.max_steps >= 1, f"trainer.max_steps must be >= 1, got {self.max_steps}")

@@ -64,7 +64,7 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
     data = build_dataset(settings.data)
     task = build_task(settings, data)
     host = checkpoint.load(task, resume) if resume is not None else {}
-    reused = graph_pool.lend_graphs(task, settings)  # a serial sweep's next job: no compile
+    reused = settings.trainer.reuse_compiled and graph_pool.lend_graphs(task, settings)  # a sweep's next job: no compile
     run_dir = Path(run_dir or _hydra_output_dir() or Path.cwd())
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
@@ -78,7 +78,8 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
     params = flatten(OmegaConf.to_container(cfg, resolve=True))
     try:
         objective = _tracked_fit(task, tracker, settings, run_dir, params, startup, clock, resume, host, reused)
-        graph_pool.give_back(task, settings)
+        if settings.trainer.reuse_compiled:
+            graph_pool.give_back(task, settings)
         return objective
     except KeyboardInterrupt:
         if settings.trainer.requeue and tracker.run_id:  # the scheduler will start this job again
@@ -144,7 +145,7 @@ def _job_cost(final: dict[str, float], start_step: int, wall_s: float) -> dict[s
 
 # settings a resumed run may change; every other one must be the run's own
 RESUME_MAY_CHANGE = ("trainer.resume", "trainer.requeue", "trainer.max_steps", "trainer.print_every",
-                     "trainer.print_seconds", "hardware.threads")
+                     "trainer.print_seconds", "trainer.reuse_compiled", "hardware.threads")
 
 
 def _resume_point(s: Settings) -> Path | None:
