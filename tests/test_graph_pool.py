@@ -152,12 +152,14 @@ def test_checkpoints_hold_state_not_the_settings_read_at_run_time():
 
 
 def test_a_serial_sweep_compiles_once_and_says_so(outputs):
-    proc = run_cli("-m", "scaler=fixed_clip", "scaler.clip_norm=0.5,2,8", "trainer=smoke", "trainer.max_steps=12",
-                   outputs=outputs)
+    """Jobs in order: (0.5, reuse), (0.5, no reuse), (2, reuse), (2, no reuse), (8, reuse), (8, no reuse)."""
+    proc = run_cli("-m", "scaler=fixed_clip", "scaler.clip_norm=0.5,2,8", "trainer.reuse_compiled=true,false",
+                   "trainer=smoke", "trainer.max_steps=12", outputs=outputs)
     assert proc.returncode == 0, proc.stderr[-2000:]
     _, runs = all_runs(outputs)
     jobs = sorted((r for r in runs if "job_num" in r.data.tags), key=lambda r: int(r.data.tags["job_num"]))
-    assert [r.data.tags["ampgan.graphs"] for r in jobs] == ["compiled", "reused", "reused"]
+    assert [r.data.params["trainer.reuse_compiled"] for r in jobs] == ["True", "False"] * 3
+    assert [r.data.tags["ampgan.graphs"] for r in jobs] == ["compiled", "compiled", "reused", "compiled", "reused", "compiled"]
     assert (proc.stdout + proc.stderr).count("compiled steps of an earlier job reused") == 2
     for r in jobs:
         m = r.data.metrics
