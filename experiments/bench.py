@@ -22,6 +22,7 @@ outputs/bench/bench.json, and an MLflow run in the experiment "ampgan-bench".
     python -m experiments.bench --only diagnose --no-startup   # diagnose's replay cost alone
     python -m experiments.bench --only memory --no-startup     # memory alone
     python -m experiments.bench --only "ampgan vs bare"        # the three bare-loop comparisons
+    python -m experiments.bench --only "ampgan vs bare,health,tracking" --repeats 25 --no-startup   # the headline pairs, 100 rounds
 """
 
 from __future__ import annotations
@@ -223,9 +224,11 @@ class Comparison:
 
 
 def comparisons(store: str, device: str, quick: bool, only: str = ""):
-    """Each comparison whose name contains `only`; its variants are built when it is measured."""
+    """Each comparison whose name contains one of the comma-separated texts of `only` (all: "");
+    its variants are built when it is measured."""
+    wanted = [w.strip() for w in only.lower().split(",")]
     for comp in _comparisons(store, device, quick):
-        if only.lower() in comp.name.lower():
+        if any(w in comp.name.lower() for w in wanted):
             yield comp
 
 
@@ -551,7 +554,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="3 repeats, half-size blocks, a 200-step default run and a 300-step memory run")
     parser.add_argument("--only", default="",
-                        help="run only the comparisons whose name contains this text ('diagnose', 'memory' select those parts)")
+                        help="run only the comparisons whose name contains one of these comma-separated texts "
+                             "('diagnose', 'memory', 'sweep' select those parts)")
     parser.add_argument("--no-startup", action="store_true", help="skip the start-up and sweep-overhead measurements")
     parser.add_argument("--memory-steps", type=int, default=None,
                         help="iterations of the long in-process memory run (default 20000, ~30 min on 2 CPU cores; "
