@@ -22,7 +22,7 @@ outputs/bench/bench.json, and an MLflow run in the experiment "ampgan-bench".
     python -m experiments.bench --only diagnose --no-startup   # diagnose's replay cost alone
     python -m experiments.bench --only memory --no-startup     # memory alone
     python -m experiments.bench --only "ampgan vs bare"        # the three bare-loop comparisons
-    python -m experiments.bench --only "ampgan vs bare,health,tracking" --repeats 25 --no-startup   # the headline pairs, 100 rounds
+    python -m experiments.bench --only "ampgan vs bare,gradient health,tracking to" --repeats 25 --no-startup  # the headline pairs, 100 rounds
 """
 
 from __future__ import annotations
