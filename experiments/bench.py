@@ -9,7 +9,8 @@ bootstrap interval over the rounds. A target counts as met only when the whole i
 below it ("met"); "not met" when the whole interval is above it; "unresolved" when the
 interval straddles it (the machine was too noisy to tell). The headline pairs (ampgan vs a
 bare MindSpore loop, for each model; gradient health; tracking) time 4x more rounds of
-half-length blocks than the other comparisons, to resolve a 2% difference. Periodic work
+half-length blocks than the other comparisons, to resolve a 2% difference; a calibration
+pair (two identical loops) shows how far from 1.00 the bench reads no difference. Periodic work
 (evaluation, checkpoints) is switched off in the timed blocks; metric logging keeps its
 default cadence. Memory: the peak RSS of the default `python -m ampgan.train` run, and RSS
 over a long in-process run (`--memory-steps`). Results: outputs/bench/bench.md,
@@ -244,6 +245,9 @@ def _comparisons(store: str, device: str, quick: bool):
         overrides = model + O2_DYNAMIC
         yield Comparison(name, {"bare": lambda o=overrides: BareRunner(o, device), "ampgan": lambda o=overrides: amp(o + LIKE_BARE)},
                          "bare", max(1, round(short * relative)), target=TARGET_AMPGAN_VS_BARE, rounds=HEADLINE_ROUNDS)
+    yield Comparison("calibration: one loop against its twin (WGAN-GP O2 dynamic, health off, no tracking)",
+                     {"a": lambda: amp(o2 + LIKE_BARE), "b": lambda: amp(o2 + LIKE_BARE)}, "a", short,
+                     rounds=HEADLINE_ROUNDS)  # the same work twice: how far from 1.00 the bench reads it
     yield Comparison("gradient health (WGAN-GP O2 dynamic, no tracking)",
                      {"off": lambda: amp(o2 + LIKE_BARE), "on": lambda: amp(o2 + ["tracking=none"])}, "off", short,
                      target=TARGET_HEALTH, rounds=HEADLINE_ROUNDS)
