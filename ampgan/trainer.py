@@ -155,7 +155,7 @@ class Progress:
         parts = [f"step {step}/{self.total} ({100 * step // self.total}%)"]
         parts += [f"{k} {v:.4g}" for k, v in m.items() if k.endswith("/loss")]
         parts += [f"{k} {v:g}" for k, v in m.items() if k.endswith("/scale") or k.endswith("/skipped")]
-        if step == self.start_step + 1:  # the first step compiles the graphs: its time says nothing of the rest
+        if not self.past_first:  # the first step compiles the graphs: its time says nothing of the rest
             parts.append(f"first step {now - self.start:.1f}s ({self.first_note})")
             self.start, self.start_step, self.past_first = now, step, True
         else:

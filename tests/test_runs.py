@@ -103,6 +103,19 @@ def test_diverging_run_stops_and_says_so(outputs, tmp_path):
     assert run.data.metrics["train/steps"] < 60
 
 
+def test_a_status_line_right_after_the_first_reports_speed_not_a_second_compile(monkeypatch):
+    """Lines on consecutive steps (print_every 1 or 2): only the first is the compiling one."""
+    from ampgan import trainer
+
+    clock = iter([0.0, 5.0, 5.5, 6.0, 6.0])
+    monkeypatch.setattr(trainer.time, "perf_counter", lambda: next(clock))
+    progress = trainer.Progress(total=10, start_step=0, every=1)
+    assert progress.line(1, {}).endswith("first step 5.0s (compiling)")
+    assert progress.line(2, {}).endswith("2.0 step/s, 4s left")      # 1 step in 0.5 s after the compile
+    assert progress.line(3, {}).endswith("2.0 step/s, 3s left")      # 2 steps in 1 s
+    assert progress.seconds_per_step(3) == 0.5
+
+
 def test_status_line_reports_the_compile_then_the_speed_of_the_compiled_steps(monkeypatch):
     """The first line says how long the first (compiling) step took; later lines' speed and time left
     count only the steps after it, and a time-based line is due without waiting for the step count."""
