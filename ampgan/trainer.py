@@ -8,6 +8,7 @@ written, every fetched status is logged), with every buffered metric flushed.
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import time
 from contextlib import contextmanager
@@ -102,9 +103,11 @@ def save_checkpoint(task, tracker, cfg, run_dir: Path, step: int) -> Path | None
 def finish(task, tracker, cfg, run_dir: Path, step: int, outcome: str, step_s: float = float("nan")) -> dict[str, float]:
     """Final evaluation, pictures and a final checkpoint, all handed to the tracker.
 
-    `step_s`: seconds per step after the first (the compiling one), the loop's evaluations included."""
-    final = {**task.evaluate(), "train/steps": float(step), "train/diverged": float(outcome == "diverged"),
-             "perf/step_s": step_s}
+    `step_s`: seconds per step after the first (the compiling one), the loop's evaluations included;
+    logged as `perf/step_s` when measured (NaN: the run had no step after its first)."""
+    final = {**task.evaluate(), "train/steps": float(step), "train/diverged": float(outcome == "diverged")}
+    if math.isfinite(step_s):
+        final["perf/step_s"] = step_s
     for state in task.states():
         final[f"{state.prefix}/skipped_total"] = float(state.skipped)
     tracker.log_metrics(final, step)

@@ -17,6 +17,8 @@ from ampgan.amp.scalers import SCALERS, DynamicScaler, FixedClipScaler
 from ampgan.config import validate
 from ampgan.data import build_dataset
 from ampgan.tasks import build_task
+from ampgan.tracking import NullTracker
+from ampgan.trainer import fit
 from tests.conftest import all_runs, compose_cfg, run_cli
 
 GAN = ["model=wgan_gp", "data=gaussians8", "trainer=smoke", "model.hidden=32", "model.n_critic=2", "amp=o2",
@@ -165,3 +167,25 @@ def test_a_serial_sweep_compiles_once_and_says_so(outputs):
         m = r.data.metrics
         assert 0 < m["perf/step_s"] and 0 < m["job/overhead_s"] < m["job/wall_s"]
     assert jobs[0].data.metrics["startup/imports_s"] > 0 and jobs[1].data.metrics["startup/imports_s"] == 0
+
+
+class MetricsRecorder(NullTracker):
+    """A tracker that keeps the metrics it is given (and drops the rest)."""
+
+    def __init__(self):
+        self.logged: dict[str, float] = {}
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        self.logged.update(metrics)
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_the_loop_speed_is_logged_only_when_measured(steps, tmp_path):
+    """`perf/step_s` is the time of the steps after the first: a one-step run has none to log."""
+    s, task = build(*CLASSIFIER, f"trainer.max_steps={steps}")
+    tracker = MetricsRecorder()
+    final = fit(task, tracker, s.trainer, tmp_path)
+    if steps == 1:
+        assert "perf/step_s" not in final and "perf/step_s" not in tracker.logged
+    else:
+        assert final["perf/step_s"] > 0 and tracker.logged["perf/step_s"] == final["perf/step_s"]
