@@ -144,3 +144,32 @@ class BareClassifier:
             if self.iteration % FETCH_EVERY == 0:
                 loss.asnumpy()
         loss.asnumpy()  # the timed block ends when its work is done
+
+
+def first_step_seconds() -> dict[str, float]:
+    """The start-up floor: this process from its start to the first finished iteration of the default
+    run's WGAN-GP (8 Gaussians, FP32) trained by hand. `make bench` sets it beside ampgan's start-up."""
+    import time
+
+    import psutil
+
+    from ampgan.config import DataConfig, WganGpConfig
+    from ampgan.data import build_dataset
+
+    since_start = time.time() - psutil.Process().create_time()  # interpreter and the imports above
+    clock = time.perf_counter()
+    m, data = WganGpConfig(), build_dataset(DataConfig())
+    loop = BareWganGp(data.x_train, z_dim=m.z_dim, hidden=m.hidden, depth=m.depth, batch_size=256,
+                      n_critic=m.n_critic, gp_lambda=m.gp_lambda, lr=m.lr_d, betas=m.betas, amp_level="O0",
+                      init_scale=1.0, factor=2, window=1000)
+    built = time.perf_counter()
+    loop.run(1)
+    done = time.perf_counter()
+    return {"imports_s": since_start, "build_s": built - clock, "first_step_s": done - built,
+            "to_first_step_s": since_start + done - clock}
+
+
+if __name__ == "__main__":  # python -m experiments.bare_loop: one JSON line of first_step_seconds()
+    import json
+
+    print(json.dumps(first_step_seconds()))
