@@ -247,6 +247,10 @@ class TrackingConfig:
     run_name: str = ""        # default: model-data-amp-scaler
     flush_every: int = 500    # buffered metrics sent in one batch
     heartbeat_seconds: float = 30.0  # how often a run tells the store it is alive
+    # auto: a new run whose process has not loaded MLflow (a single run) is tracked by a helper
+    # process, which opens the store while the steps compile (~2 s sooner to the first step);
+    # always: every new run (a resumed or requeueable run is tracked in process); never
+    background: str = "auto"
 
     def __post_init__(self) -> None:
         require(self.backend in ("mlflow", "none"), f"tracking.backend must be mlflow or none, got '{self.backend}'")
@@ -255,6 +259,8 @@ class TrackingConfig:
         _check_tracking_uri(self.uri)
         require(self.flush_every >= 1, f"tracking.flush_every must be >= 1, got {self.flush_every}")
         require(self.heartbeat_seconds > 0, f"tracking.heartbeat_seconds must be > 0, got {self.heartbeat_seconds}")
+        require(self.background in ("auto", "always", "never"),
+                f"tracking.background must be auto, always or never, got '{self.background}'")
         if self.backend == "mlflow" and not self.uri:
             self.uri = f"sqlite:///{outputs_dir() / 'mlflow.db'}"
 

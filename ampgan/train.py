@@ -44,9 +44,8 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
     """
     from ampgan import checkpoint, graph_pool, hardware
     from ampgan.data import build_dataset
-    from ampgan.sync import end_lost_runs, sync_folder
     from ampgan.tasks import build_task
-    from ampgan.tracking import build_tracker, flatten
+    from ampgan.tracking import flatten
 
     _pin_sources()
     global _IMPORTS_DONE
@@ -70,14 +69,11 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     startup["startup/build_s"], clock = time.perf_counter() - clock, time.perf_counter()
 
-    tracker = build_tracker(settings.tracking, run_dir)
-    if settings.tracking.backend == "mlflow":
-        end_lost_runs(tracker.client, tracker.experiment_id)
-        if resume is not None:
-            sync_folder(run_dir, end=False)  # what a hard kill left in the journal reaches the store first
+    tracker, background = build_run_tracker(settings, run_dir, resume)
     params = flatten(OmegaConf.to_container(cfg, resolve=True))
     try:
-        objective = _tracked_fit(task, tracker, settings, run_dir, params, startup, clock, resume, host, reused)
+        objective = _tracked_fit(task, tracker, settings, run_dir, params, startup, clock, resume, host, reused,
+                                 background)
         if settings.trainer.reuse_compiled:
             graph_pool.give_back(task, settings)
         return objective
@@ -109,17 +105,52 @@ def _pin_sources() -> None:
             linecache.cache[path] = (sum(map(len, lines)), None, lines, path)
 
 
+def build_run_tracker(s: Settings, run_dir: Path, resume: Path | None = None):
+    """(the run's tracker, whether a helper process runs it).
+
+    With `tracking.background` the store is opened in a helper process while this one compiles
+    the steps (ampgan/tracking_agent.py); the helper ends the experiment's lost runs first. In
+    process, that happens here, and a resumed run's journal reaches the store before it goes on.
+    """
+    from ampgan.sync import end_lost_runs, sync_folder
+    from ampgan.tracking import build_tracker, store_failure
+    from ampgan.tracking_agent import BackgroundTracker
+
+    t = s.tracking
+    if tracks_in_background(s, resume):
+        return BackgroundTracker(t.uri, t.experiment, t.flush_every, run_dir, t.heartbeat_seconds), True
+    try:
+        tracker = build_tracker(t, run_dir)
+    except Exception as err:  # noqa: BLE001 - the store cannot be opened: one line, as from the helper
+        raise AmpganError(store_failure(t.uri, err)) from err
+    if t.backend == "mlflow":
+        end_lost_runs(tracker.client, tracker.experiment_id)
+        if resume is not None:
+            sync_folder(run_dir, end=False)  # what a hard kill left in the journal reaches the store first
+    return tracker, False
+
+
+def tracks_in_background(s: Settings, resume: Path | None) -> bool:
+    """`tracking.background`: a new, non-requeueable MLflow run, and (auto) MLflow not loaded yet here,
+    i.e. its import and the store's opening would otherwise come before the compile."""
+    if s.tracking.backend != "mlflow" or resume is not None or s.trainer.requeue or s.tracking.background == "never":
+        return False
+    return s.tracking.background == "always" or "mlflow" not in sys.modules
+
+
 def _tracked_fit(task, tracker, settings: Settings, run_dir: Path, params: dict, startup: dict, clock: float,
-                 resume: Path | None, host: dict, reused: bool) -> float:
+                 resume: Path | None, host: dict, reused: bool, background: bool = False) -> float:
     from ampgan.trainer import fit, tracked_run
 
-    tags = {**_tags(settings, run_dir), "ampgan.graphs": "reused" if reused else "compiled"}
+    tags = {**_tags(settings, run_dir), "ampgan.graphs": "reused" if reused else "compiled",
+            "ampgan.tracking": "helper" if background else "process"}
     with tracked_run(tracker, _run_name(settings), params, tags, host.get("run_id")):
         if resume is not None:
             log.info(f"resuming run {tracker.run_id} from step {host['step']} ({resume})")
             tracker.set_tags({"ampgan.resumed_from_step": str(host["step"])})
         else:
-            log.info(f"run {tracker.run_id or '(not tracked)'}: {_run_name(settings)} -> {run_dir}"
+            run_id = "(its id: from the tracking helper)" if background else tracker.run_id or "(not tracked)"
+            log.info(f"run {run_id}: {_run_name(settings)} -> {run_dir}"
                      + (" (compiled steps of an earlier job reused)" if reused else ""))
             tracker.log_artifact(run_dir / "config.yaml")
             if (run_dir / ".hydra").is_dir():
