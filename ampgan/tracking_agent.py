@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ampgan import AmpganError
+from ampgan import AmpganError, process_age
 from ampgan.tracking import Journal, MlflowTracker, mlflow_key, store_failure, write_atomic
 
 log = logging.getLogger("ampgan.tracking")
@@ -54,7 +54,8 @@ class BackgroundTracker:
         self.uri, self.run_dir = uri, Path(run_dir) if run_dir else None
         setup = {"uri": uri, "experiment": experiment, "flush_every": flush_every, "heartbeat_seconds": heartbeat_seconds,
                  "run_dir": str(self.run_dir) if self.run_dir else None,
-                 "owner": [os.getpid(), psutil.Process().create_time()]}
+                 "owner": [os.getpid(), psutil.Process().create_time()],  # as sync.process_alive compares it
+                 "command_started": time.time() - process_age()}
         self._proc = subprocess.Popen([sys.executable, "-m", "ampgan.tracking_agent", json.dumps(setup)],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                       start_new_session=True)  # Ctrl-C reaches the trainer only: it ends the run
@@ -244,7 +245,7 @@ def serve(setup: dict, lines, reply) -> int:
                 reply({"op": "failed", "error": store_failure(setup["uri"], err)})
                 return 1
             reply({"op": "started", "run_id": tracker.run_id, "seconds": time.perf_counter() - clock,
-                   "since_start": time.time() - setup["owner"][1]})
+                   "since_start": time.time() - setup["command_started"]})
             continue
         if tracker is None:
             continue

@@ -16,23 +16,13 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from ampgan import AmpganError, report_error
+from ampgan import AmpganError, process_age, report_error
 from ampgan.config import CONF_DIR, PACKAGE_DIR, Settings, validate
 
 log = logging.getLogger("ampgan")
 
 
-def _process_start() -> float:
-    """perf_counter() value of this process's start (imports included), from the OS's own record."""
-    try:
-        import psutil
-
-        return time.perf_counter() - (time.time() - psutil.Process().create_time())
-    except Exception:  # noqa: BLE001 - start-up figures are informative only
-        return time.perf_counter()
-
-
-_PROCESS_START = _process_start()
+_PROCESS_START = time.perf_counter() - process_age()  # perf_counter() at the process's start
 _IMPORTS_DONE = False  # an earlier job of this process paid for the imports
 
 

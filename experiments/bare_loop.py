@@ -151,12 +151,11 @@ def first_step_seconds() -> dict[str, float]:
     run's WGAN-GP (8 Gaussians, FP32) trained by hand. `make bench` sets it beside ampgan's start-up."""
     import time
 
-    import psutil
-
+    from ampgan import process_age
     from ampgan.config import DataConfig, WganGpConfig
     from ampgan.data import build_dataset
 
-    since_start = time.time() - psutil.Process().create_time()  # interpreter and the imports above
+    since_start = process_age()  # interpreter and the imports above
     clock = time.perf_counter()
     m, data = WganGpConfig(), build_dataset(DataConfig())
     loop = BareWganGp(data.x_train, z_dim=m.z_dim, hidden=m.hidden, depth=m.depth, batch_size=256,

@@ -129,3 +129,17 @@ def test_status_line_reports_the_compile_then_the_speed_of_the_compiled_steps(mo
     assert not progress.due(22)                                        # t=10: 0 s since the last line
     assert progress.due(23)                                            # t=45: 35 s > 30 s
     assert progress.line(23, {}).endswith("0.6 step/s, 2m11s left")   # 22 steps in 37 s, 78 to go
+
+
+def test_process_age_counts_from_the_process_start_not_from_a_rounded_boot_time():
+    """startup/imports_s counts from the process's start: never more than the wall time seen from outside."""
+    import subprocess
+    import sys
+    import time
+
+    for _ in range(3):
+        t = time.perf_counter()
+        out = subprocess.run([sys.executable, "-c", "from ampgan import process_age; print(process_age())"],
+                             capture_output=True, text=True, check=True).stdout
+        wall = time.perf_counter() - t
+        assert 0 < float(out) <= wall + 0.011  # one clock tick of rounding
