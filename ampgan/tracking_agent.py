@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ampgan import AmpganError, process_age
+from ampgan import AmpganError, process_age, report_error
 from ampgan.tracking import Journal, MlflowTracker, mlflow_key, store_failure, write_atomic
 
 log = logging.getLogger("ampgan.tracking")
@@ -285,6 +285,9 @@ def _try_image(tracker: MlflowTracker, msg: dict) -> None:
 
 
 def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        return report_error("python -m ampgan.tracking_agent is started by the trainer (BackgroundTracker), "
+                            "with its set-up as one JSON argument; it is not a command to run by hand")
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the trainer handles signals and then ends the run here
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     out = os.fdopen(os.dup(1), "w", buffering=1)  # replies; anything else printed goes to stderr
