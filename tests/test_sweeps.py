@@ -14,6 +14,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 
 from tests.conftest import ROOT, run_cli, store_uri
 
@@ -66,6 +67,7 @@ def test_parallel_clip_sweep_six_runs_one_sweep_with_progress_lines(outputs):
     assert {ln.split("scaler.clip_norm=")[1].split()[0] for ln in lines} == {"0.25", "0.5", "1", "2", "4", "8"}
 
 
+@pytest.mark.slow  # `make test-full`; the fast suite runs parallel sweeps above and below, and checks presets' sweeps in preflight
 def test_preset_that_defines_its_own_sweep_runs_in_parallel(outputs):
     done = run_cli("+experiment=scaler_study", "hydra/launcher=parallel", *SMOKE, "trainer.eval_every=0",
                    outputs=outputs)

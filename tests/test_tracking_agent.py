@@ -146,7 +146,7 @@ def test_a_trainer_killed_hard_lets_its_helper_exit_and_sync_delivers_the_rest(o
 
 
 def test_a_helper_killed_hard_stops_nothing_and_loses_nothing(outputs):
-    proc = start(*LONG, "trainer.max_steps=3000", outputs=outputs)
+    proc = start(*LONG, "trainer.max_steps=2000", outputs=outputs)
     try:
         wait_for_journal_step(outputs, proc, 50)
         (helper,) = helpers_of(outputs)
@@ -161,7 +161,7 @@ def test_a_helper_killed_hard_stops_nothing_and_loses_nothing(outputs):
     folder = run_folder(outputs)
     records, sent = read_journal(folder)
     assert records[-1] == {"end": "FINISHED", "error": None} and sent < len(records)
-    assert max(r["s"] for r in records if "k" in r) == 3000
+    assert max(r["s"] for r in records if "k" in r) == 2000
     synced = subprocess.run([sys.executable, "-m", "ampgan.sync", str(folder)], cwd=ROOT, capture_output=True,
                             text=True, env={**os.environ, "AMPGAN_OUTPUTS": str(outputs)}, timeout=300)
     assert synced.returncode == 0, synced.stderr[-2000:]

@@ -52,9 +52,9 @@ def test_server_stopped_mid_run_and_restarted_loses_no_metric(tmp_path):
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
     server = start_server(store, port)
-    steps, every = 400, 5
+    steps, every = 4000, 5
     try:
-        proc = start("model=classifier", "data=digits", "trainer=smoke", f"trainer.max_steps={steps}",
+        proc = start("model=classifier", "data=gaussians8", "trainer=smoke", f"trainer.max_steps={steps}",
                      f"trainer.log_every={every}", "trainer.print_every=100000", "trainer.print_seconds=0",
                      "trainer.eval_every=0", "trainer.layer_health_every=0", "tracking.flush_every=20",
                      f"tracking.uri={uri}", outputs=outputs)
