@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from ampgan import AmpganError, process_age, report_error
-from ampgan.tracking import Journal, MlflowTracker, mlflow_key, store_failure, write_atomic
+from ampgan.tracking import (JOURNAL, JOURNAL_SENT, Journal, MlflowTracker, mlflow_key, store_failure,
+                             write_atomic)
 
 log = logging.getLogger("ampgan.tracking")
 
@@ -95,8 +96,8 @@ class BackgroundTracker:
                          f"command started; its store took {msg['seconds']:.1f} s of that, beside the build and compile)")
             elif msg["op"] == "failed":
                 self._failed = msg["error"]
-            elif msg["op"] == "exit":
-                self._gone = True
+            elif msg["op"] == "exit":  # before the reply awaited: the helper died
+                self._lost()
             if msg["op"] == wanted or msg["op"] in ("failed", "exit"):
                 return msg
 
@@ -110,11 +111,17 @@ class BackgroundTracker:
             self._lost()
 
     def _lost(self) -> None:
-        if not self._gone:
-            self._gone = True
-            where = f" {self.run_dir}" if self.run_dir else ""
-            log.error(f"the tracking helper exited (code {self._proc.poll()}); metrics stay in the run folder's "
-                      f"journal: deliver them with `python -m ampgan.sync{where}`")
+        """Say once that the helper is gone; training goes on, the journal keeps every metric."""
+        if self._gone or self._failed:
+            return
+        self._gone = True
+        if self._run_id is None:
+            log.error(f"the tracking helper exited (code {self._proc.poll()}) before the run was created: this run "
+                      f"is not tracked; its metrics stay in {JOURNAL} in the run folder")
+            return
+        where = f" {self.run_dir}" if self.run_dir else ""
+        log.error(f"the tracking helper exited (code {self._proc.poll()}); metrics stay in the run folder's "
+                  f"journal: deliver them with `python -m ampgan.sync{where}`")
 
     def _check(self) -> None:
         """Raise (once) if the helper could not start the run: the store refused it or is unreachable."""
@@ -186,7 +193,7 @@ class BackgroundTracker:
             self._proc.kill()
             self._proc.wait()
         self._reader.join(timeout=5)
-        if self._started and self._run_id is not None and self._proc.returncode not in (0, None) and not self._gone:
+        if self._started and self._proc.returncode not in (0, None):
             self._lost()
 
     def _lines(self) -> int:
@@ -197,7 +204,7 @@ class _SentMarker:
     """The helper's side of the trainer's journal: it writes no line, only how many are confirmed sent."""
 
     def __init__(self, folder: Path):
-        self.sent_path = folder / "metrics.sent"
+        self.sent_path = folder / JOURNAL_SENT
         self.lines = 0  # the trainer's count, with each hand-over
 
     def append(self, records: list[dict]) -> None: ...
