@@ -14,7 +14,6 @@ from __future__ import annotations
 import atexit
 import json
 import logging
-import os
 import shlex
 import socket
 import sys
@@ -124,7 +123,8 @@ class SweepRuns(Callback):
         if tracking.backend != "mlflow":
             return
         from ampgan.report import PARENT_TAG
-        from ampgan.tracking import default_artifact_root, ensure_experiment, make_client, mlflow_value, write_atomic
+        from ampgan.tracking import (default_artifact_root, ensure_experiment, make_client, mlflow_value, this_process,
+                                     write_atomic)
 
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -139,12 +139,10 @@ class SweepRuns(Callback):
         exp_id = ensure_experiment(self.client, tracking.experiment, default_artifact_root(tracking.uri))
         if self._reopen(read_record(sweep_dir), tracking.uri):  # `ampgan.sweep resume`: the same parent
             return
-        import psutil
-
+        pid, started = this_process()
         tags = {PARENT_TAG: "true", "sweep_id": self.sweep_id, "sweep_dir": str(sweep_dir),
                 "ampgan.varies": json.dumps(varies), "command": mlflow_value(f"python -m ampgan.train {shlex.join(sys.argv[1:])}", 5000),
-                "ampgan.host": socket.gethostname(), "ampgan.pid": str(os.getpid()),
-                "ampgan.pid_started": f"{psutil.Process().create_time():.3f}"}
+                "ampgan.host": socket.gethostname(), "ampgan.pid": str(pid), "ampgan.pid_started": f"{started:.3f}"}
         run = self.client.create_run(exp_id, run_name=sweep_name(overrides + [f"{k}={v}" for k, v in params.items()],
                                                                    varies, self.sweep_id), tags=tags)
         self.parent_id = run.info.run_id
@@ -168,10 +166,11 @@ class SweepRuns(Callback):
             self.client.update_run(record["run_id"], status="RUNNING")
         except Exception:  # noqa: BLE001 - deleted meanwhile: a new parent
             return False
-        import psutil
+        from ampgan.tracking import this_process
 
-        self.client.set_tag(record["run_id"], "ampgan.pid", str(os.getpid()))
-        self.client.set_tag(record["run_id"], "ampgan.pid_started", f"{psutil.Process().create_time():.3f}")
+        pid, started = this_process()
+        self.client.set_tag(record["run_id"], "ampgan.pid", str(pid))
+        self.client.set_tag(record["run_id"], "ampgan.pid_started", f"{started:.3f}")
         self.parent_id = record["run_id"]
         atexit.register(self._end)
         log.info(f"sweep {self.sweep_id}: parent run {self.parent_id} (resumed)")

@@ -143,7 +143,7 @@ class MlflowTracker:
                  heartbeat_seconds: float = 30.0, owner: tuple[int, float] | None = None):
         """`owner`: (pid, start time) of the training process, when it is not this one (a helper's tracker)."""
         self.uri = uri
-        self.owner = owner or (os.getpid(), _process_started())
+        self.owner = owner or this_process()
         self.client = make_client(uri)
         self.experiment_name = experiment
         self.experiment_id = ensure_experiment(self.client, experiment, default_artifact_root(uri))
@@ -295,10 +295,12 @@ def _now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def _process_started() -> float:
+def this_process() -> tuple[int, float]:
+    """(pid, start time) of this process, as a run's liveness tags record it and `sync.process_alive`
+    compares it (psutil's create_time: an identity, not a clock; `ampgan.process_age` is the clock)."""
     import psutil
 
-    return psutil.Process(os.getpid()).create_time()
+    return os.getpid(), psutil.Process(os.getpid()).create_time()
 
 
 def ensure_experiment(client, name: str, artifact_root: str | None) -> str:

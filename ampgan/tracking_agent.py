@@ -34,7 +34,7 @@ from typing import Any
 
 from ampgan import AmpganError, process_age, report_error
 from ampgan.tracking import (JOURNAL, JOURNAL_SENT, Journal, MlflowTracker, mlflow_key, store_failure,
-                             write_atomic)
+                             this_process, write_atomic)
 
 log = logging.getLogger("ampgan.tracking")
 
@@ -50,12 +50,10 @@ class BackgroundTracker:
 
     def __init__(self, uri: str, experiment: str, flush_every: int = 500, run_dir: Path | None = None,
                  heartbeat_seconds: float = 30.0):
-        import psutil
-
         self.uri, self.run_dir = uri, Path(run_dir) if run_dir else None
         setup = {"uri": uri, "experiment": experiment, "flush_every": flush_every, "heartbeat_seconds": heartbeat_seconds,
                  "run_dir": str(self.run_dir) if self.run_dir else None,
-                 "owner": [os.getpid(), psutil.Process().create_time()],  # as sync.process_alive compares it
+                 "owner": this_process(),
                  "command_started": time.time() - process_age()}
         self._proc = subprocess.Popen([sys.executable, "-m", "ampgan.tracking_agent", json.dumps(setup)],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
