@@ -7,22 +7,17 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from ampgan.tracking import JOURNAL, JOURNAL_SENT, MAX_KEY_LENGTH, read_journal
+from ampgan.tracking import MAX_KEY_LENGTH, read_journal
 from ampgan.train import train
-from tests.conftest import ROOT, all_runs, compose_cfg, run_cli, store_uri
+from tests.conftest import ROOT, all_runs, compose_cfg, run_cli
+from tests.test_resume import run_folder, start, wait_for_step
 
 TIMING = ("startup/", "perf/", "job/")  # metrics that time the run: they differ between any two runs
-
-
-def run_folder(outputs: Path) -> Path:
-    (journal,) = (outputs / "runs").rglob(JOURNAL)
-    return journal.parent
 
 
 def helpers_of(outputs: Path) -> list[psutil.Process]:
@@ -57,22 +52,10 @@ def assert_store_holds_the_journal_once(client, run_id: str, folder: Path) -> No
         assert values == pytest.approx([journaled[key]], nan_ok=True), key  # each (metric, step) once, same value
 
 
-def start(*args: str, outputs: Path) -> subprocess.Popen:
-    env = {**os.environ, "AMPGAN_OUTPUTS": str(outputs), "GLOG_v": "3"}
-    return subprocess.Popen([sys.executable, "-m", "ampgan.train", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def wait_for_journal_step(outputs: Path, proc: subprocess.Popen, step: int, timeout: float = 240) -> None:
-    """Until the run exists in the store (its folder's tracking.json) and its journal has reached `step`."""
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
-        journals = list((outputs / "runs").rglob(JOURNAL)) if (outputs / "runs").exists() else []
-        if journals and (journals[0].parent / "tracking.json").exists() and \
-                any(r.get("s", 0) >= step for r in read_journal(journals[0].parent)[0]):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"the run never journaled step {step} (exit code {proc.poll()})")
+def sync(folder: Path, outputs: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "ampgan.sync", str(folder)], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, "AMPGAN_OUTPUTS": str(outputs)}, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def wait_gone(procs: list[psutil.Process], timeout: float = 60) -> None:
@@ -125,7 +108,7 @@ def test_the_helper_logs_what_the_trainer_logs_in_process(outputs, tmp_path):
 def test_a_trainer_killed_hard_lets_its_helper_exit_and_sync_delivers_the_rest(outputs):
     proc = start(*LONG, "trainer.max_steps=1000000", outputs=outputs)
     try:
-        wait_for_journal_step(outputs, proc, 100)
+        wait_for_step(proc, outputs, 100)  # the run exists (tracking.json) and has journaled step 100
         helpers = helpers_of(outputs)
         assert len(helpers) == 1
         proc.send_signal(signal.SIGKILL)
@@ -137,9 +120,7 @@ def test_a_trainer_killed_hard_lets_its_helper_exit_and_sync_delivers_the_rest(o
     client, (run,) = all_runs(outputs)
     assert run.info.status == "RUNNING"  # until sync, or the next run on the store, ends it
     folder = run_folder(outputs)
-    synced = subprocess.run([sys.executable, "-m", "ampgan.sync", str(folder)], cwd=ROOT, capture_output=True,
-                            text=True, env={**os.environ, "AMPGAN_OUTPUTS": str(outputs)}, timeout=300)
-    assert synced.returncode == 0, synced.stderr[-2000:]
+    sync(folder, outputs)
     run = client.get_run(run.info.run_id)
     assert run.info.status == "FAILED" and "process" in run.data.tags["error"]
     assert_store_holds_the_journal_once(client, run.info.run_id, folder)
@@ -148,23 +129,22 @@ def test_a_trainer_killed_hard_lets_its_helper_exit_and_sync_delivers_the_rest(o
 def test_a_helper_killed_hard_stops_nothing_and_loses_nothing(outputs):
     proc = start(*LONG, "trainer.max_steps=2000", outputs=outputs)
     try:
-        wait_for_journal_step(outputs, proc, 50)
+        wait_for_step(proc, outputs, 50)
         (helper,) = helpers_of(outputs)
         helper.kill()
         assert proc.poll() is None, "the run ended before its helper was killed"
-        out, err = proc.communicate(timeout=600)
+        _, err = proc.communicate(timeout=600)
     finally:
         proc.kill()
         proc.wait()
     assert proc.returncode == 0, err[-3000:]  # training went on
-    assert "the tracking helper exited" in out + err and "python -m ampgan.sync" in out + err
     folder = run_folder(outputs)
+    said = (folder / "train.log").read_text()
+    assert "the tracking helper exited" in said and "python -m ampgan.sync" in said
     records, sent = read_journal(folder)
     assert records[-1] == {"end": "FINISHED", "error": None} and sent < len(records)
     assert max(r["s"] for r in records if "k" in r) == 2000
-    synced = subprocess.run([sys.executable, "-m", "ampgan.sync", str(folder)], cwd=ROOT, capture_output=True,
-                            text=True, env={**os.environ, "AMPGAN_OUTPUTS": str(outputs)}, timeout=300)
-    assert synced.returncode == 0, synced.stderr[-2000:]
+    sync(folder, outputs)
     client, (run,) = all_runs(outputs)
     assert run.info.status == "FINISHED"  # the end the journal recorded
     assert_store_holds_the_journal_once(client, run.info.run_id, folder)
