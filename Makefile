@@ -25,19 +25,19 @@ browser: install  ## Debian's chromium for the browser test (apt, once; playwrig
 	{ echo "make: install Debian's chromium (as root: apt-get install -y --no-install-recommends chromium), then run make again" >&2; exit 1; }
 
 services: install  ## Debian's slurm-wlm, munge and postgresql for the cluster / server tests (apt, once)
-	@$(PY) -m ampgan.services install >/dev/null
+	@$(PY) -m devtools.services install >/dev/null
 
 cluster: services  ## start a single-node SLURM on this machine (outputs/services/cluster; prints SLURM_CONF)
-	@$(PY) -m ampgan.services cluster
+	@$(PY) -m devtools.services cluster
 
 cluster-stop: install  ## stop it (and its jobs)
-	@$(PY) -m ampgan.services cluster-stop
+	@$(PY) -m devtools.services cluster-stop
 
 server: services  ## start PostgreSQL + mlflow server on 127.0.0.1 (SERVER_PORT=5001; outputs/services/server)
-	@$(PY) -m ampgan.services server --port $(or $(SERVER_PORT),5001)
+	@$(PY) -m devtools.services server --port $(or $(SERVER_PORT),5001)
 
 server-stop: install  ## stop the mlflow server and PostgreSQL
-	@$(PY) -m ampgan.services server-stop
+	@$(PY) -m devtools.services server-stop
 
 train: install  ## run the default experiment, logged to the embedded MLflow store (outputs/mlflow.db)
 	$(PY) -m ampgan.train $(ARGS)

@@ -152,7 +152,7 @@ def first_step_seconds() -> dict[str, float]:
     import time
 
     from ampgan import process_age
-    from ampgan.config import DataConfig, WganGpConfig
+    from ampgan.config.schema import DataConfig, WganGpConfig
     from ampgan.data import build_dataset
 
     since_start = process_age()  # interpreter and the imports above

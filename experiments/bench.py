@@ -45,13 +45,14 @@ from pathlib import Path
 import numpy as np
 from hydra import compose, initialize_config_dir
 
-from ampgan import hardware, report_error  # first: it quiets MindSpore's C++ logging before MindSpore loads
-from ampgan.config import CONF_DIR, Settings, outputs_dir, validate
+from ampgan import report_error
+from ampgan.training import hardware  # first: it quiets MindSpore's C++ logging before MindSpore loads
+from ampgan.config.schema import CONF_DIR, Settings, outputs_dir, validate
 from ampgan.data import Dataset, build_dataset
 from ampgan.tasks import build_task
-from ampgan.tracking import MlflowTracker
-from ampgan.train import build_run_tracker
-from ampgan.trainer import Progress, run_steps, tracked_run
+from ampgan.tracking.tracker import MlflowTracker
+from ampgan.training.entry import build_run_tracker
+from ampgan.training.loop import Progress, run_steps, tracked_run
 from experiments.bare_loop import BareClassifier, BareWganGp
 
 PERIODIC_OFF = ["trainer.eval_every=0", "trainer.checkpoint_every=0", "trainer.print_every=100000",

@@ -30,7 +30,7 @@ STUDY = Study(
 
 
 def charts(ctx: Context) -> dict:
-    from ampgan.report import new_figure
+    from ampgan.reporting.report import new_figure
 
     fig, axes = new_figure(1)
     ax = axes[0][0]

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from ampgan import AmpganError, report_error
-from ampgan.config import outputs_dir
+from ampgan.config.schema import outputs_dir
 
 SEED_KEY = "trainer.seed"
 NOISE_P = 0.05          # the t-test level at which a difference exceeds seed noise
@@ -235,7 +235,7 @@ def public(table: list[dict]) -> list[dict]:
 # ---------------------------------------------------------------- charts
 def chart_seed_spread(study: Study, rows: list[dict], metric: str | None = None):
     """Each configuration's runs as dots (one per seed) with their mean; one panel per facet value."""
-    from ampgan.report import new_figure
+    from ampgan.reporting.report import new_figure
 
     metric = metric or study.metrics[0]
     facet = study.facet if study.facet in study.groups else None
@@ -263,7 +263,7 @@ def chart_seed_spread(study: Study, rows: list[dict], metric: str | None = None)
 def chart_lines(rows: list[dict], x: str, series: str | None, metric: str, title: str, logx: bool = True):
     """`metric` against a numeric swept key, one line (mean over seeds, min-max bars) per `series` value
     (one line in all when `series` is None)."""
-    from ampgan.report import new_figure
+    from ampgan.reporting.report import new_figure
 
     fig, axes = new_figure(1)
     ax = axes[0][0]
@@ -347,7 +347,7 @@ def _verdict(client, run, exit_code: int, text: str | None) -> dict:
 
 # ---------------------------------------------------------------- publishing
 def publish(ctx: Context, pngs: dict[str, bytes], answer: str) -> Path:
-    from ampgan.report import csv_text, html_page, markdown
+    from ampgan.reporting.report import csv_text, html_page, markdown
 
     folder, study = ctx.folder, ctx.study
     table = public(ctx.table)
@@ -371,7 +371,7 @@ def publish(ctx: Context, pngs: dict[str, bytes], answer: str) -> Path:
 
 def section(ctx: Context, table: list[dict], charts: list[str], answer: str) -> str:
     """The study's section for experiments/README.md, from this run: question, setup, table, charts, answer, command."""
-    from ampgan.report import markdown
+    from ampgan.reporting.report import markdown
 
     study, minutes = ctx.study, ctx.minutes()
     flag = {"default": "", "full": " ARGS=--full", "quick": " ARGS=--quick"}[ctx.mode]
@@ -403,8 +403,8 @@ def run(study: Study, argv: list[str] | None = None, answer: Callable[[Context],
 
 
 def _run(study: Study, args, mode: str, answer) -> int:
-    from ampgan.report import children_of, figure_png, markdown, summarize
-    from ampgan.tracking import make_client
+    from ampgan.reporting.report import children_of, figure_png, markdown, summarize
+    from ampgan.tracking.tracker import make_client
 
     folder = Path(args.out or outputs_dir() / "studies" / (study.name + ("" if mode == "default" else f"-{mode}")))
     folder.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from ampgan.config import CONF_DIR
+from ampgan.config.schema import CONF_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ampgan.services import Cluster, Server, _alive
+from devtools.services import Cluster, Server, _alive
 from tests.conftest import ROOT
 
 
@@ -38,7 +38,7 @@ def submit(*args: str, cluster: Cluster, outputs: Path) -> subprocess.CompletedP
 def test_slurm_sweep_logs_to_postgres_backed_server(services, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from ampgan.report import PARENT_TAG
+    from ampgan.reporting.report import PARENT_TAG
 
     server, cluster = services
     outputs = tmp_path / "out"

@@ -14,7 +14,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from ampgan import AmpganError
-from ampgan.config import (CONF_DIR, COMBINATIONS, GROUPS, SCHEMAS, ClassifierConfig, Settings, TrainerConfig,
+from ampgan.config.schema import (CONF_DIR, COMBINATIONS, GROUPS, SCHEMAS, ClassifierConfig, Settings, TrainerConfig,
                            _build, schema_of, validate)
 from tests.conftest import compose_cfg
 

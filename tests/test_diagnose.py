@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
-from ampgan import checkpoint
-from ampgan.config import CONF_DIR, validate
+from ampgan.training import checkpoint
+from ampgan.config.schema import CONF_DIR, validate
 from ampgan.data import build_dataset
 from ampgan.diagnose.command import checkpoint_start, recorded_config
 from ampgan.diagnose.config import DiagnoseConfig, diagnose_settings
@@ -28,7 +28,7 @@ from ampgan.diagnose.replay import (build_seeded, fp32_twin_settings, net_parame
                                     record_reference, replay_amp)
 from ampgan.diagnose.statistics import LAYER_COLUMNS, heat, layer_rows, net_rel_err
 from ampgan.diagnose.verdict import decide
-from ampgan.steps.probe import COMPARE_FIELDS, compare_gradients, make_loader
+from ampgan.diagnose.probe import COMPARE_FIELDS, compare_gradients, make_loader
 from tests.conftest import ROOT, all_runs
 
 TINY = ["model=classifier", "data=gaussians8", "model.width=8", "trainer.batch_size=16", "tracking=none",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from hydra import compose, initialize_config_dir
 
-from ampgan.config import CONF_DIR
+from ampgan.config.schema import CONF_DIR
 from ampgan.diagnose.command import diagnose
 
 FAST = ["tracking=none", "diagnose.steps=2", "diagnose.mode=synced", "diagnose.max_fixes=1"]

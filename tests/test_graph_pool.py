@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from mindspore import ops
 
-from ampgan import graph_pool, hardware
+from ampgan.training import graph_pool, hardware
 from ampgan.amp.scalers import SCALERS, DynamicScaler, FixedClipScaler
-from ampgan.config import validate
+from ampgan.config.schema import validate
 from ampgan.data import build_dataset
 from ampgan.tasks import build_task
-from ampgan.tracking import NullTracker
-from ampgan.trainer import fit
+from ampgan.tracking.tracker import NullTracker
+from ampgan.training.loop import fit
 from tests.conftest import all_runs, compose_cfg, run_cli
 
 GAN = ["model=wgan_gp", "data=gaussians8", "trainer=smoke", "model.hidden=32", "model.n_critic=2", "amp=o2",

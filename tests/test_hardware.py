@@ -9,8 +9,9 @@ import textwrap
 
 SCRIPT = textwrap.dedent("""
     import mindspore as ms
-    from ampgan import AmpganError, hardware
-    from ampgan.config import HardwareConfig
+    from ampgan import AmpganError
+    from ampgan.training import hardware
+    from ampgan.config.schema import HardwareConfig
 
     def setup(threads):
         try:

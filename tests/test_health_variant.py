@@ -10,12 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ampgan import hardware
+from ampgan.training import hardware
 from ampgan.amp.scalers import SCALERS
-from ampgan.config import validate
+from ampgan.config.schema import validate
 from ampgan.data import build_dataset
 from ampgan.tasks import build_task
-from ampgan.trainer import Progress, run_steps
+from ampgan.training.loop import Progress, run_steps
 from tests.conftest import compose_cfg
 
 GAN = ["model=wgan_gp", "data=gaussians8", "trainer=smoke", "model.hidden=32", "model.n_critic=2"]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ampgan import AmpganError, one_line
-from ampgan.preflight import check
+from ampgan.config.preflight import check
 from tests.conftest import all_runs, run_cli
 
 LONG = "x" * 10000
@@ -212,8 +212,8 @@ def _jobs_checked(words: list[str]) -> int:
     """How many jobs the preflight composes and validates for a sweep."""
     from hydra import initialize_config_dir
 
-    from ampgan.config import CONF_DIR
-    from ampgan.preflight import _Preflight
+    from ampgan.config.schema import CONF_DIR
+    from ampgan.config.preflight import _Preflight
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         pf = _Preflight("train", words, True, None)
@@ -294,8 +294,8 @@ def test_one_line_cuts_long_words_and_joins_lines():
 
 
 def test_mindspores_compile_cache_is_refused_before_anything_runs(outputs, monkeypatch):
-    """MindSpore 2.10's compile cache makes warm CPU runs compute NaN (ampgan.preflight.check_environment)."""
-    from ampgan.preflight import check_environment
+    """MindSpore 2.10's compile cache makes warm CPU runs compute NaN (ampgan.config.preflight.check_environment)."""
+    from ampgan.config.preflight import check_environment
 
     with pytest.raises(AmpganError, match="compile cache"):
         check_environment({"MS_COMPILER_CACHE_ENABLE": "1"})

@@ -17,7 +17,7 @@ from mindspore import nn
 
 from ampgan import AmpganError
 from ampgan.amp.policy import apply_amp, check_keep_paths, resolve_cell_types
-from ampgan.config import validate
+from ampgan.config.schema import validate
 from ampgan.models import Classifier, Critic, Generator
 from tests.conftest import compose_cfg
 
@@ -162,7 +162,7 @@ def test_parameter_names_survive_apply_amp(level, kind, keep):
                                        ("amp=o1", "model=classifier", "data=digits",
                                         "amp.keep_fp32=[head,backbone.body.0,BatchNorm2d]")])
 def test_o1_smoke_train_runs(tmp_path, overrides):
-    from ampgan.train import train
+    from ampgan.training.entry import train
 
     objective = train(compose_cfg(*overrides, "trainer=smoke", "tracking=none"), run_dir=tmp_path / "run")
     assert math.isfinite(objective)

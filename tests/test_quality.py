@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ampgan.train import train
+from ampgan.training.entry import train
 from tests.conftest import all_runs, compose_cfg
 
 pytestmark = pytest.mark.slow

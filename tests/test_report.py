@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ampgan.report import PARENT_TAG
-from ampgan.sweep_runs import PARENT_RECORD, parent_tags, swept_keys
+from ampgan.reporting.report import PARENT_TAG
+from ampgan.sweeps.runs import PARENT_RECORD, parent_tags, swept_keys
 from tests.conftest import ROOT, all_runs, run_cli
 
 CLIP_NORMS = ("0.5", "1", "2", "5")
@@ -130,7 +130,7 @@ def test_report_table_is_the_logged_metrics(clip_sweep):
 
 
 def test_report_flags_and_errors(clip_sweep, monkeypatch, capsys):
-    from ampgan.report import main
+    from ampgan.reporting.report import main
 
     monkeypatch.setenv("AMPGAN_OUTPUTS", str(clip_sweep.outputs))
     assert main([]) == 0 and f"sweep {clip_sweep.sweep_id}: 4 runs" in capsys.readouterr().out  # the latest sweep

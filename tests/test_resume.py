@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ampgan import checkpoint
-from ampgan.config import validate
-from ampgan.report import PARENT_TAG
-from ampgan.tracking import MlflowTracker, read_journal
+from ampgan.training import checkpoint
+from ampgan.config.schema import validate
+from ampgan.reporting.report import PARENT_TAG
+from ampgan.tracking.tracker import MlflowTracker, read_journal
 from tests.conftest import ROOT, all_runs, compose_cfg, run_cli
 
 CLASSIFIER = ["model=classifier", "data=digits", "trainer=smoke", "trainer.max_steps=40", "trainer.checkpoint_every=5",
@@ -209,7 +209,7 @@ def test_sync_delivers_a_journal_and_ends_the_run(tmp_path):
 def test_a_run_killed_between_log_steps_keeps_its_last_steps(outputs, tmp_path, monkeypatch):
     """With log_every=10, an error at step 14 still logs steps 11-13 (they were pending, not fetched)."""
     from ampgan import tasks
-    from ampgan.train import train
+    from ampgan.training.entry import train
 
     original = tasks.ClassifierTask.train_step
 
@@ -230,7 +230,7 @@ def test_a_run_killed_between_log_steps_keeps_its_last_steps(outputs, tmp_path, 
 
 def test_every_fetched_status_is_logged(outputs, tmp_path):
     """A print-only or layer-only step fetches statuses: they are logged, never dropped."""
-    from ampgan.train import train
+    from ampgan.training.entry import train
 
     cfg = compose_cfg(*CLASSIFIER, "trainer.max_steps=12", "trainer.log_every=5", "trainer.print_every=3",
                       "trainer.layer_health_every=4", "trainer.checkpoint_every=0")
@@ -244,7 +244,7 @@ def test_every_fetched_status_is_logged(outputs, tmp_path):
 
 @pytest.mark.parametrize("scaler,has_norm", [("none", False), ("fixed_clip", True)])
 def test_unmeasured_health_is_not_logged(outputs, tmp_path, scaler, has_norm):
-    from ampgan.train import train
+    from ampgan.training.entry import train
 
     cfg = compose_cfg("model=classifier", "data=digits", "trainer=smoke", "trainer.grad_health=false", f"scaler={scaler}")
     train(cfg, run_dir=tmp_path / "run")
@@ -259,7 +259,7 @@ def test_unmeasured_health_is_not_logged(outputs, tmp_path, scaler, has_norm):
 
 def test_checkpoint_round_trip_holds_every_state(tmp_path):
     """Optimizer moments, scaler state, sampler position and RNGs come back exactly."""
-    from ampgan import hardware
+    from ampgan.training import hardware
     from ampgan.data import build_dataset
     from ampgan.tasks import build_task
 
@@ -284,7 +284,7 @@ def test_checkpoint_round_trip_holds_every_state(tmp_path):
 
 
 def test_checkpoint_sets_are_atomic_and_pruned(tmp_path):
-    from ampgan import hardware
+    from ampgan.training import hardware
     from ampgan.data import build_dataset
     from ampgan.tasks import build_task
 
@@ -303,7 +303,7 @@ def test_checkpoint_sets_are_atomic_and_pruned(tmp_path):
 
 def test_resume_refuses_changed_settings(outputs, tmp_path):
     from ampgan import AmpganError
-    from ampgan.train import train
+    from ampgan.training.entry import train
 
     train(compose_cfg(*CLASSIFIER[:3], "trainer.max_steps=4"), run_dir=tmp_path / "run")
     with pytest.raises(AmpganError, match="model.lr"):
@@ -314,7 +314,7 @@ def test_resume_refuses_changed_settings(outputs, tmp_path):
 
 def test_tracker_start_failure_leaves_no_running_run(outputs):
     """A failure after the run is created (here: a param name MLflow rejects) ends it FAILED."""
-    from ampgan.trainer import tracked_run
+    from ampgan.training.loop import tracked_run
 
     tracker = MlflowTracker(f"sqlite:///{outputs / 'mlflow.db'}", "ampgan")
     with pytest.raises(Exception):
@@ -325,7 +325,7 @@ def test_tracker_start_failure_leaves_no_running_run(outputs):
 
 
 def test_values_beyond_mlflow_limits_do_not_fail_the_run(outputs, tmp_path):
-    from ampgan.train import train
+    from ampgan.training.entry import train
 
     long_name = "x" * 7000
     train(compose_cfg(*CLASSIFIER[:3], "trainer.max_steps=2", f"tracking.run_name={long_name}"), run_dir=tmp_path / "run")

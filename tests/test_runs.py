@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ampgan.train import train
+from ampgan.training.entry import train
 from tests.conftest import all_runs, compose_cfg
 
 CASES = {

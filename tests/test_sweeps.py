@@ -25,7 +25,7 @@ def sweep_runs(outputs: Path):
     """(client, job runs of the store; a sweep's parent run left out)."""
     from mlflow.tracking import MlflowClient
 
-    from ampgan.report import PARENT_TAG
+    from ampgan.reporting.report import PARENT_TAG
 
     client = MlflowClient(store_uri(outputs))
     exp = client.get_experiment_by_name("ampgan")
@@ -103,7 +103,7 @@ def test_killed_sweep_resumes_every_job_once(outputs):
     """
     from mlflow.tracking import MlflowClient
 
-    from ampgan.report import PARENT_TAG
+    from ampgan.reporting.report import PARENT_TAG
 
     env = {**os.environ, "AMPGAN_OUTPUTS": str(outputs), "GLOG_v": "3"}
     args = ["-m", "hydra/launcher=parallel", "model=classifier", "data=digits", *SMOKE, "trainer.max_steps=40",
@@ -156,10 +156,10 @@ JOB_AFTER_AN_EDIT = textwrap.dedent("""
     import sys
     import numpy as np
     import mindspore as ms
-    import ampgan.train
+    import ampgan.training.entry
     import ampgan.models.classifier as mod
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    pin = ampgan.train._pin_sources if sys.argv[1] == "pin" else (lambda: None)
+    pin = ampgan.training.entry._pin_sources if sys.argv[1] == "pin" else (lambda: None)
 
     def make(net):
         def step(x):

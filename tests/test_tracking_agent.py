@@ -12,8 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ampgan.tracking import MAX_KEY_LENGTH, read_journal
-from ampgan.train import train
+from ampgan.tracking.tracker import MAX_KEY_LENGTH, read_journal
+from ampgan.training.entry import train
 from tests.conftest import ROOT, all_runs, compose_cfg, run_cli
 from tests.test_resume import run_folder, start, wait_for_step
 
@@ -25,7 +25,7 @@ def helpers_of(outputs: Path) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if "ampgan.tracking_agent" in cmd and str(outputs) in cmd:
+        if "ampgan.tracking.helper" in cmd and str(outputs) in cmd:
             found.append(p)
     return found
 
@@ -168,8 +168,8 @@ def test_the_key_limit_is_mlflows():
 
 
 def test_the_helper_tracks_only_new_runs_that_cannot_be_requeued(outputs):
-    from ampgan.config import validate
-    from ampgan.train import tracks_in_background
+    from ampgan.config.schema import validate
+    from ampgan.training.entry import tracks_in_background
 
     def background(*overrides, resume=None):
         return tracks_in_background(validate(compose_cfg(*overrides)), resume)

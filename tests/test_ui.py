@@ -11,7 +11,7 @@ import sys
 import time
 import urllib.request
 
-from ampgan.train import train
+from ampgan.training.entry import train
 from tests.conftest import ROOT, compose_cfg
 
 

@@ -9,7 +9,7 @@ import hydra
 from omegaconf import DictConfig
 
 from ampgan import AmpganError, report_error
-from ampgan.config import CONF_DIR
+from ampgan.config.schema import CONF_DIR
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="diagnose_main", version_base="1.3")
@@ -27,6 +27,6 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     from ampgan.diagnose.command import check_node
-    from ampgan.preflight import run_checked
+    from ampgan.config.preflight import run_checked
 
     run_checked(main, config_name="diagnose_main", extra=check_node)

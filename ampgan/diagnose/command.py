@@ -18,7 +18,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from ampgan import AmpganError
-from ampgan.config import validate
+from ampgan.config.schema import validate
 from ampgan.data import build_dataset
 from ampgan.diagnose import report
 from ampgan.diagnose.config import diagnose_settings
@@ -71,7 +71,7 @@ def recorded_config(cfg: DictConfig, run_id: str) -> DictConfig:
     and tracking nodes. Raises AmpganError for an unknown run or a run without a config."""
     from mlflow.exceptions import MlflowException
 
-    from ampgan.tracking import make_client
+    from ampgan.tracking.tracker import make_client
 
     client = make_client(cfg.tracking.uri)
     try:
@@ -90,11 +90,12 @@ def checkpoint_start(run_id: str, cfg: DictConfig) -> Path | None:
     """Where a diagnosed run's replay starts: its newest full-state checkpoint set from before its
     first non-finite logged loss (the newest set when none was logged); None (step 0 with the
     run's seed) when the run wrote no checkpoint or its folder is not on this machine."""
-    from ampgan import checkpoint
+    from ampgan.tracking.tracker import run_folder_in_store
+    from ampgan.training import checkpoint
 
     uri = cfg.tracking.uri
     try:
-        newest = checkpoint.locate(run_id, uri)
+        newest = checkpoint.locate(run_id, (lambda rid: run_folder_in_store(rid, uri)) if uri else None)
     except AmpganError:
         return None
     failed = first_nonfinite_step(run_id, uri)
@@ -109,7 +110,7 @@ def first_nonfinite_step(run_id: str, uri: str) -> int | None:
     """The first step at which the run logged a non-finite `*/loss`, or None."""
     import math
 
-    from ampgan.tracking import make_client
+    from ampgan.tracking.tracker import make_client
 
     client = make_client(uri)
     keys = [k for k in client.get_run(run_id).data.metrics if k.endswith("/loss") and not k.startswith("eval/")]
@@ -162,8 +163,8 @@ def diagnose(cfg: DictConfig, run_dir: Path | None = None, echo=print) -> Result
 
 def publish(result: Result, cfg: DictConfig, s, diagnosed: str | None, run_dir: Path | None, seconds: float) -> None:
     """Files into the run folder; an MLflow run tagged ampgan.kind=diagnose with them as artifacts."""
-    from ampgan.tracking import build_tracker, flatten
-    from ampgan.trainer import tracked_run
+    from ampgan.tracking.tracker import build_tracker, flatten
+    from ampgan.training.loop import tracked_run
 
     folder = Path(run_dir or tempfile.mkdtemp(prefix="ampgan-diagnose-"))
     result.folder = folder

@@ -22,7 +22,7 @@ from mindspore import nn, ops
 
 from ampgan.amp.health import HEALTH_FIELDS
 from ampgan.amp.policy import KeepFP32
-from ampgan.steps.probe import make_inner_gradient_probe
+from ampgan.diagnose.probe import make_inner_gradient_probe
 
 FP16_MAX = 65504.0
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ampgan.config import Settings
+from ampgan.config.schema import Settings
 from ampgan.data import Dataset
 from ampgan.diagnose.framework import FrameworkCheck, check_penalty_gradient
 from ampgan.diagnose.locate import Located, locate
@@ -18,7 +18,7 @@ from ampgan.diagnose.replay import (Reference, Trace, build_seeded, fp32_twin_se
                                     record_reference, replay_amp, roots)
 from ampgan.diagnose.statistics import layer_rows, net_rel_err
 from ampgan.diagnose.verdict import Verdict, decide
-from ampgan.steps.probe import make_loader
+from ampgan.diagnose.probe import make_loader
 
 
 @dataclass

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ampgan.steps.probe import EXP_MIN
+from ampgan.diagnose.probe import EXP_MIN
 
 NORMAL_EXP = -14     # float16's smallest normal is 2**-14
 MAX_EXP = 15         # 2**15 * (2 - 2**-10) = 65504: exponents above 15 overflow

@@ -9,7 +9,7 @@
    (divergence). Both from one build: optimizer and scaler state are reset in between.
    After each sub-step the probe's unscaled gradients are compared with the twin's in-graph.
 
-Everything here is host-side orchestration; the compiled pieces are in `ampgan.steps.probe`.
+Everything here is host-side orchestration; the compiled pieces are in `ampgan.diagnose.probe`.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from pathlib import Path
 import mindspore as ms
 import numpy as np
 
-from ampgan import checkpoint, hardware
+from ampgan.training import checkpoint, hardware
 from ampgan.amp.scalers import NoneScalerConfig
-from ampgan.config import AmpConfig, Settings
+from ampgan.config.schema import AmpConfig, Settings
 from ampgan.data import Dataset
 from ampgan.steps.classifier import LOSSES, classifier_loss_fn
 from ampgan.steps.common import StepStatus
 from ampgan.steps.gan import CRITIC_LOSSES, GENERATOR_LOSSES, critic_loss_fn, generator_loss_fn
-from ampgan.steps.probe import COMPARE_FIELDS, Probe, compare_gradients, make_loader, make_probe
+from ampgan.diagnose.probe import COMPARE_FIELDS, Probe, compare_gradients, make_loader, make_probe
 from ampgan.tasks import build_task
 
 Progress = Callable[[str], None]

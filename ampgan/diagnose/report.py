@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ampgan.diagnose.statistics import LAYER_COLUMNS, heat, heat_iterations, layer_rows
-from ampgan.report import figure_png
+from ampgan.reporting.report import figure_png
 
 
 def worst_layers(rows: list[dict], n: int = 5) -> list[dict]:
@@ -83,8 +83,8 @@ def heat_tables(result) -> dict[str, tuple[list[str], list[int], np.ndarray]]:
 
 
 def heat_figures(result, tables: dict | None = None) -> dict:
-    """stem -> matplotlib Figure, drawn with the sweep report's helper (`ampgan.report.heatmap_figure`)."""
-    from ampgan.report import heatmap_figure
+    """stem -> matplotlib Figure, drawn with the sweep report's helper (`ampgan.reporting.report.heatmap_figure`)."""
+    from ampgan.reporting.report import heatmap_figure
 
     figs = {}
     for stem, (names, steps, matrix) in (tables or heat_tables(result)).items():
@@ -107,8 +107,8 @@ def heat_csv(tables: dict) -> str:
 
 
 def html(result, pngs: dict[str, bytes]) -> str:
-    """The report page: terminal report, per-layer table, heat maps (`ampgan.report.html_page`)."""
-    from ampgan.report import html_page
+    """The report page: terminal report, per-layer table, heat maps (`ampgan.reporting.report.html_page`)."""
+    from ampgan.reporting.report import html_page
 
     s, v = result.analysis.settings, result.verdict
     title = f"diagnose: {v.name} ({s.model.name}, {s.data.name}, amp {s.amp.level}, scaler {s.scaler.name})"

@@ -17,7 +17,7 @@ from pathlib import Path
 from mindspore import nn
 from omegaconf import DictConfig
 
-from ampgan.config import validate
+from ampgan.config.schema import validate
 from ampgan.data import Dataset
 from ampgan.diagnose.locate import cell_paths
 from ampgan.diagnose.pipeline import analyse, reference_for

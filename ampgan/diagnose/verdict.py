@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ampgan.config import Settings
+from ampgan.config.schema import Settings
 from ampgan.diagnose.ranges import ScaleFit, merge_fits
 from ampgan.diagnose.statistics import layer_rows, summarize_net
 

@@ -23,7 +23,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from ampgan import AmpganError
-from ampgan.config import CONF_DIR, GROUPS, SCHEMAS, Settings, validate
+from ampgan.config.schema import CONF_DIR, GROUPS, SCHEMAS, Settings, validate
 from ampgan.data import Dataset
 from ampgan.diagnose.pipeline import analyse, reference_for
 from ampgan.diagnose.replay import build_seeded, fp32_twin_settings

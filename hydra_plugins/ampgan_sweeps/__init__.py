@@ -21,9 +21,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.utils import JobReturn
 from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
+
+from ampgan.config.hydra_compat import BasicSweeper
 
 log = logging.getLogger("ampgan")
 
@@ -62,7 +63,7 @@ class ResumeSweeper(BasicSweeper):
     """
 
     def sweep(self, arguments: list[str]) -> Any:
-        from ampgan.sweep import load_sweep, resume_jobs, retag
+        from ampgan.sweeps.jobs import load_sweep, resume_jobs, retag
 
         sweep = load_sweep(str(self.config.hydra.sweep.dir))
         jobs = resume_jobs(sweep)

@@ -38,8 +38,6 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from hydra import initialize_config_dir
-from hydra._internal.config_loader_impl import ConfigLoaderImpl
-from hydra._internal.utils import get_args_parser
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
@@ -49,11 +47,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from ampgan import AmpganError, report_error
-from ampgan.config import COMBINATIONS, CONF_DIR, GROUPS, Settings, closest, validate
+from ampgan.config.hydra_compat import BASIC_SWEEPER, apply_overrides, get_args_parser
+from ampgan.config.schema import COMBINATIONS, CONF_DIR, GROUPS, Settings, closest, validate
 
 MAX_JOBS = 100_000    # a sweep this large is refused (loudly): Hydra itself composes every job
 MAX_CHECKS = 20_000   # ... and so is one whose interacting keys alone make this many jobs to compose
-BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 SEARCH_SWEEPERS = ("hydra_plugins.hydra_optuna_sweeper.", "hydra_plugins.hydra_nevergrad_sweeper.",
                    "hydra_plugins.hydra_ax_sweeper.")  # sweepers that sample interval() instead of listing jobs
 EVERYTHING = "*"
@@ -328,7 +326,7 @@ class _Preflight:
         cfg = copy.deepcopy(self._base(structural))
         leaves = [self._parsed(w) for w, dim in zip(words, self.dims) if not self._is_structural(dim)]
         try:
-            ConfigLoaderImpl._apply_overrides_to_config(leaves, cfg)
+            apply_overrides(leaves, cfg)
         except (HydraException, OmegaConfBaseException) as err:
             raise AmpganError(self._explain(err, list(structural) + [o.input_line for o in leaves])) from None
         return self._check_cfg(cfg, [dim.override(i) for dim, i in zip(self.dims, job) if len(dim.values) > 1])
@@ -340,7 +338,7 @@ class _Preflight:
             settings = validate(cfg, self.built)
             if settings.hardware.device not in self.devices and not self.remote:
                 if settings.hardware.device != "CPU":
-                    from ampgan.hardware import check_device  # imports MindSpore: only for GPU / Ascend
+                    from ampgan.training.hardware import check_device  # imports MindSpore: only for GPU / Ascend
 
                     check_device(settings.hardware.device)
                 self.devices.add(settings.hardware.device)
@@ -413,7 +411,7 @@ class _Preflight:
         stores = {(s.tracking.uri, s.tracking.experiment) for s in settings
                   if s.tracking.backend == "mlflow" and s.tracking.uri.startswith("sqlite:///")}
         if stores:
-            from ampgan.tracking import default_artifact_root, ensure_experiment, make_client
+            from ampgan.tracking.tracker import default_artifact_root, ensure_experiment, make_client
 
             for uri, experiment in sorted(stores):
                 ensure_experiment(make_client(uri), experiment, default_artifact_root(uri))

@@ -33,7 +33,7 @@ from ampgan.amp.scaler_config import SCALER_CONFIGS
 
 log = logging.getLogger("ampgan")
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # the ampgan package (this file is ampgan/config/schema.py)
 CONF_DIR = PACKAGE_DIR.parent / "conf"
 
 

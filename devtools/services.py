@@ -1,10 +1,10 @@
-"""`python -m ampgan.services cluster|cluster-stop|server|server-stop|install`: local stand-ins for a team's services.
+"""`python -m devtools.services cluster|cluster-stop|server|server-stop|install`: local stand-ins for a team's services.
 
-    python -m ampgan.services install        # apt-installs slurm-wlm, munge, postgresql when missing
-    python -m ampgan.services cluster        # a single-node SLURM on this machine (munge + slurmctld + slurmd)
-    python -m ampgan.services cluster-stop
-    python -m ampgan.services server         # PostgreSQL + `mlflow server` on 127.0.0.1 (served artifacts)
-    python -m ampgan.services server-stop
+    python -m devtools.services install        # apt-installs slurm-wlm, munge, postgresql when missing
+    python -m devtools.services cluster        # a single-node SLURM on this machine (munge + slurmctld + slurmd)
+    python -m devtools.services cluster-stop
+    python -m devtools.services server         # PostgreSQL + `mlflow server` on 127.0.0.1 (served artifacts)
+    python -m devtools.services server-stop
 
 Everything a service writes (configs, pid files, logs, the database, artifacts) lives in its
 state folder (`--state`, default `outputs/services/<cluster|server>/`); `state.json` there
@@ -30,7 +30,7 @@ import urllib.request
 from pathlib import Path
 
 from ampgan import AmpganError, report_error
-from ampgan.config import outputs_dir
+from ampgan.config.schema import outputs_dir
 
 STATE = "state.json"
 PACKAGES = {  # a command each Debian package provides -> the package
@@ -219,7 +219,7 @@ class Cluster(_Service):
         cpus, mem = os.cpu_count() or 1, _memory_mb()
         ports = {"ctld": free_port(), "d": free_port()}
         self.conf.write_text("\n".join([
-            "# written by `python -m ampgan.services cluster`: a single-node SLURM for ampgan sweeps",
+            "# written by `python -m devtools.services cluster`: a single-node SLURM for ampgan sweeps",
             "ClusterName=ampgan", f"SlurmctldHost={host}(127.0.0.1)", "SlurmUser=root",
             "AuthType=auth/munge", f"AuthInfo=socket={sock}", "CredType=cred/munge",
             f"SlurmctldPort={ports['ctld']}", f"SlurmdPort={ports['d']}",
@@ -378,7 +378,7 @@ def _healthy(port: int) -> bool:
 
 # ---------------------------------------------------------------- command line
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ampgan.services", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m devtools.services", description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["install", "cluster", "cluster-stop", "server", "server-stop"])
     parser.add_argument("--state", help="state folder (default: outputs/services/<cluster|server>)")
     parser.add_argument("--port", type=int, help="mlflow server port (default: 5001 if free, else any free port)")

@@ -11,7 +11,7 @@ names it. The previous set stays valid until the new one is complete; the newest
 
     path = save(task, run_dir / "checkpoints", step, keep=2, extra={"run_id": ...})
     host = load(task, path)          # before the task's compiled steps first run
-    path = locate("<run id | run folder | checkpoint path>", tracking_uri)
+    path = locate("<run id | run folder | checkpoint path>", find_run)   # find_run: run id -> run folder
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import mindspore as ms
@@ -90,12 +91,15 @@ def load(task, path: Path) -> dict:
     return host
 
 
-def locate(spec: str, tracking_uri: str = "") -> Path:
-    """The checkpoint set named by `trainer.resume`: an MLflow run id, a run folder, a checkpoints
-    folder or a checkpoint set folder."""
+def locate(spec: str, find_run: Callable[[str], Path] | None = None) -> Path:
+    """The checkpoint set named by `trainer.resume`: a run folder, a checkpoints folder, a checkpoint
+    set folder, or a run id that `find_run` turns into its run folder (the tracking store's lookup,
+    `ampgan.tracking.tracker.run_folder`: checkpoints know no store)."""
     path = Path(spec).expanduser()
     if not path.exists():
-        path = _run_folder(spec, tracking_uri)
+        if find_run is None:
+            raise AmpganError(f"trainer.resume={spec}: no such folder, and no tracking store to look up a run id")
+        path = find_run(spec)
     if (path / HOST_FILE).exists():
         return path
     folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
@@ -109,18 +113,3 @@ def locate(spec: str, tracking_uri: str = "") -> Path:
 def run_folder_of(checkpoint: Path) -> Path:
     """checkpoints/step-N -> the run folder that holds config.yaml."""
     return Path(checkpoint).resolve().parent.parent
-
-
-def _run_folder(run_id: str, tracking_uri: str) -> Path:
-    if not tracking_uri:
-        raise AmpganError(f"trainer.resume={run_id}: no such folder, and no tracking store to look up a run id")
-    from ampgan.tracking import make_client
-
-    try:
-        run = make_client(tracking_uri).get_run(run_id)
-    except Exception:  # noqa: BLE001 - MLflow raises several kinds for an unknown id
-        raise AmpganError(f"trainer.resume={run_id}: not a folder, and no run with that id in {tracking_uri}") from None
-    folder = run.data.tags.get("output_dir")
-    if not folder or not Path(folder).is_dir():
-        raise AmpganError(f"trainer.resume={run_id}: the run's folder ({folder or 'not recorded'}) is not on this machine")
-    return Path(folder)

@@ -3,25 +3,21 @@
 `MlflowTracker` talks to a store through `MlflowClient` with an explicit run id (no global
 active run, so sweep workers that run several jobs cannot mix runs up). Metrics are
 buffered and sent with `log_batch`; `finish()` flushes them and sets the final status.
-`python -m ampgan.tracking ui` serves the dashboard on the embedded store.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
 import os
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from ampgan import one_line
-from ampgan.config import outputs_dir
+from ampgan import AmpganError, one_line
+from ampgan.config.schema import outputs_dir
 
 log = logging.getLogger(__name__)
 
@@ -333,30 +329,13 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: d}
 
 
-def _ui(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ampgan.tracking ui",
-                                     description="Serve the MLflow dashboard on the embedded store.")
-    parser.add_argument("--port", type=int, default=5000)
-    parser.add_argument("--host", default="127.0.0.1")
-    args = parser.parse_args(argv)
-    db = outputs_dir() / "mlflow.db"
-    db.parent.mkdir(parents=True, exist_ok=True)
-    uri = f"sqlite:///{db}"
-    from mlflow.tracking import MlflowClient
-
-    ensure_experiment(MlflowClient(uri), "ampgan", default_artifact_root(uri))  # creates the store
-    print(f"MLflow dashboard on http://{args.host}:{args.port}  (store: {db}; Ctrl-C stops)", flush=True)
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
-           "--host", args.host, "--port", str(args.port), "--workers", "1"]
+def run_folder_in_store(run_id: str, tracking_uri: str) -> Path:
+    """The folder of the run `run_id` in the store at `tracking_uri` (its `output_dir` tag), for `trainer.resume=<run id>`."""
     try:
-        return subprocess.call(cmd, env=env)
-    except KeyboardInterrupt:
-        return 0
-
-
-if __name__ == "__main__":
-    if len(sys.argv) < 2 or sys.argv[1] != "ui":
-        print("usage: python -m ampgan.tracking ui [--port P] [--host H]", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(_ui(sys.argv[2:]))
+        run = make_client(tracking_uri).get_run(run_id)
+    except Exception:  # noqa: BLE001 - MLflow raises several kinds for an unknown id
+        raise AmpganError(f"trainer.resume={run_id}: not a folder, and no run with that id in {tracking_uri}") from None
+    folder = run.data.tags.get("output_dir")
+    if not folder or not Path(folder).is_dir():
+        raise AmpganError(f"trainer.resume={run_id}: the run's folder ({folder or 'not recorded'}) is not on this machine")
+    return Path(folder)

@@ -2,7 +2,7 @@
 
 Importing MLflow and opening its store take about 2 s of a command's start-up. In the training
 process they cannot overlap the compile of the steps, since both hold Python's GIL. A helper
-process (`python -m ampgan.tracking_agent`, started by `BackgroundTracker`) does them on the other
+process (`python -m ampgan.tracking.helper`, started by `BackgroundTracker`) does them on the other
 core while the trainer builds and compiles; the trainer never imports MLflow.
 
     trainer (BackgroundTracker)                    helper (an MlflowTracker)
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ampgan import AmpganError, process_age, report_error
-from ampgan.tracking import (JOURNAL, JOURNAL_SENT, Journal, MlflowTracker, mlflow_key, store_failure,
+from ampgan.tracking.tracker import (JOURNAL, JOURNAL_SENT, Journal, MlflowTracker, mlflow_key, store_failure,
                              this_process, write_atomic)
 
 log = logging.getLogger("ampgan.tracking")
@@ -55,7 +55,7 @@ class BackgroundTracker:
                  "run_dir": str(self.run_dir) if self.run_dir else None,
                  "owner": this_process(),
                  "command_started": time.time() - process_age()}
-        self._proc = subprocess.Popen([sys.executable, "-m", "ampgan.tracking_agent", json.dumps(setup)],
+        self._proc = subprocess.Popen([sys.executable, "-m", "ampgan.tracking.helper", json.dumps(setup)],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                       start_new_session=True)  # Ctrl-C reaches the trainer only: it ends the run
         self._replies: queue.Queue = queue.Queue()
@@ -272,7 +272,7 @@ def serve(setup: dict, lines, reply) -> int:
 
 
 def _start(setup: dict, run_name: str, params: dict, tags: dict) -> _HelperTracker:
-    from ampgan.sync import end_lost_runs
+    from ampgan.tracking.sync import end_lost_runs
 
     tracker = _HelperTracker(setup["uri"], setup["experiment"], setup["flush_every"],
                              Path(setup["run_dir"]) if setup["run_dir"] else None, setup["heartbeat_seconds"],
@@ -291,7 +291,7 @@ def _try_image(tracker: MlflowTracker, msg: dict) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        return report_error("python -m ampgan.tracking_agent is started by the trainer (BackgroundTracker), "
+        return report_error("python -m ampgan.tracking.helper is started by the trainer (BackgroundTracker), "
                             "with its set-up as one JSON argument; it is not a command to run by hand")
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the trainer handles signals and then ends the run here
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

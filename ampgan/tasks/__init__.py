@@ -17,13 +17,13 @@ import mindspore as ms
 import numpy as np
 from mindspore import mint
 
-from ampgan import plots
+from ampgan.reporting import plots
 from ampgan.amp.health import HEALTH_FIELDS, grad_health, no_health
 from ampgan.amp.policy import apply_amp, check_keep_paths, shared_fp32_twin
 from ampgan.amp.scalers import build_scaler
-from ampgan.config import Settings
+from ampgan.config.schema import Settings
 from ampgan.data import Batches, Dataset
-from ampgan.metrics import confusion_matrix, mode_coverage, sliced_wasserstein, softmax_cross_entropy
+from ampgan.tasks.metrics import confusion_matrix, mode_coverage, sliced_wasserstein, softmax_cross_entropy
 from ampgan.models import Classifier, Critic, Generator
 from ampgan.steps.classifier import build_classifier_step
 from ampgan.steps.common import Step

@@ -14,7 +14,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from ampgan import checkpoint
+from ampgan.training import checkpoint
 
 log = logging.getLogger("ampgan")
 

@@ -25,7 +25,7 @@ import json
 import logging
 from collections import OrderedDict
 
-from ampgan.config import Settings
+from ampgan.config.schema import Settings
 
 log = logging.getLogger("ampgan")
 

@@ -97,7 +97,7 @@ def sweep_name(overrides: list[str], varies: list[str], sweep_id: str) -> str:
 
 def _tracking(config: DictConfig):
     """The sweep's TrackingConfig (its defaults: per-job overrides of `tracking` are the jobs' own)."""
-    from ampgan.config import TrackingConfig
+    from ampgan.config.schema import TrackingConfig
 
     node = OmegaConf.to_container(config.get("tracking", {}), resolve=True) or {}
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrackingConfig), node))
@@ -122,8 +122,8 @@ class SweepRuns(Callback):
             return
         if tracking.backend != "mlflow":
             return
-        from ampgan.report import PARENT_TAG
-        from ampgan.tracking import (default_artifact_root, ensure_experiment, make_client, mlflow_value, this_process,
+        from ampgan.reporting.report import PARENT_TAG
+        from ampgan.tracking.tracker import (default_artifact_root, ensure_experiment, make_client, mlflow_value, this_process,
                                      write_atomic)
 
         sweep_dir = Path(config.hydra.sweep.dir)
@@ -166,7 +166,7 @@ class SweepRuns(Callback):
             self.client.update_run(record["run_id"], status="RUNNING")
         except Exception:  # noqa: BLE001 - deleted meanwhile: a new parent
             return False
-        from ampgan.tracking import this_process
+        from ampgan.tracking.tracker import this_process
 
         pid, started = this_process()
         self.client.set_tag(record["run_id"], "ampgan.pid", str(pid))
@@ -185,7 +185,7 @@ class SweepRuns(Callback):
             return
         parent_id, self.parent_id = self.parent_id, None
         atexit.unregister(self._end)
-        from ampgan.report import children_of, write_report
+        from ampgan.reporting.report import children_of, write_report
 
         client = self.client
         children = children_of(client, client.get_run(parent_id))

@@ -1,0 +1,30 @@
+"""The one module that touches Hydra's private internals (`hydra._internal`), with the reason for each.
+
+Hydra 1.3 has no public API for these four jobs, and ampgan must do each exactly as Hydra does,
+or a pre-checked command line and the run Hydra then starts could disagree. Everything else
+goes through Hydra's public API (`initialize_config_dir`, `compose_config`, `OverridesParser`).
+The lock pins hydra-core, so a change here shows up as a failing test, not as a silent drift.
+"""
+
+from __future__ import annotations
+
+from hydra._internal.callbacks import Callbacks
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra._internal.utils import get_args_parser
+
+# The default sweeper's `_target_`: a sweep that names it lists its jobs (preflight checks each one).
+BASIC_SWEEPER = f"{BasicSweeper.__module__}.{BasicSweeper.__qualname__}"
+
+__all__ = ["BASIC_SWEEPER", "BasicSweeper", "Callbacks", "apply_overrides", "get_args_parser"]
+# get_args_parser: Hydra's own command-line parser, so that preflight reads sys.argv as @hydra.main will.
+# BasicSweeper: Hydra's expansion of a sweep into jobs (sweeps.jobs lists them; the resume sweeper
+#   in hydra_plugins subclasses it to run only what is missing).
+# Callbacks: a search trial runs as a Hydra job, so the configured callbacks fire as in a sweep.
+
+
+def apply_overrides(overrides: list, cfg) -> None:
+    """Apply parsed `overrides` to `cfg` in place, by Hydra's own rules (+key, ~key, key=value).
+
+    preflight checks each job of a sweep this way without composing the whole config again."""
+    ConfigLoaderImpl._apply_overrides_to_config(overrides, cfg)
