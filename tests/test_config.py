@@ -11,7 +11,9 @@ from dataclasses import fields
 from types import SimpleNamespace
 
 import pytest
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+
 
 from ampgan import AmpganError
 from ampgan.config.schema import (CONF_DIR, COMBINATIONS, GROUPS, SCHEMAS, ClassifierConfig, Settings, TrainerConfig,
@@ -249,3 +251,18 @@ def test_every_declared_field_exists():
     known = {f"{g}.{f.name}" for g in GROUPS for schema in SCHEMAS[g].values() for f in fields(schema)}
     for combination in COMBINATIONS:
         assert set(combination.reads) <= known, combination.reads
+
+
+def test_the_diagnose_group_is_its_schema_with_no_restated_default():
+    """conf/diagnose/default.yaml extends DiagnoseConfig and repeats none of its defaults."""
+    from ampgan.diagnose.config import DiagnoseConfig
+
+    raw = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "diagnose" / "default.yaml"), resolve=False)
+    defaults = raw.pop("defaults", [])
+    assert "/schema/diagnose/default@_here_" in defaults
+    inherited = OmegaConf.to_container(OmegaConf.structured(DiagnoseConfig))
+    assert [k for k, v in raw.items() if inherited.get(k) == v] == []
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        node = compose(config_name="diagnose_main", overrides=["diagnose.verify=true"]).diagnose
+    assert OmegaConf.get_type(node) is DiagnoseConfig
+    assert OmegaConf.to_container(node) == {**inherited, "verify": True}

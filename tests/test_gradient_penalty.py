@@ -11,6 +11,7 @@ import pytest
 
 from ampgan.amp.policy import apply_amp, shared_fp32_twin
 from ampgan.models import Critic
+from ampgan.diagnose.framework import finite_difference
 from ampgan.steps.gan import gradient_penalty
 
 
@@ -18,20 +19,6 @@ def gp_value(critic, real, fake, alpha) -> float:
     return float(gradient_penalty(critic, real, fake, alpha).asnumpy())
 
 
-def finite_difference(critic, param, real, fake, alpha, indices, eps=1e-3):
-    """Central differences of the GP (float64 arithmetic on the values) for a few weight entries."""
-    base = param.asnumpy().copy()
-    grads = []
-    for idx in indices:
-        vals = []
-        for sign in (1, -1):
-            w = base.copy()
-            w[idx] += sign * eps
-            param.set_data(ms.Tensor(w))
-            vals.append(gp_value(critic, real, fake, alpha))
-        grads.append((vals[0] - vals[1]) / (2 * eps))
-    param.set_data(ms.Tensor(base))
-    return np.array(grads)
 
 
 def penalty_weight_grads(critic, params, real, fake, alpha) -> list[np.ndarray]:
@@ -63,7 +50,7 @@ def test_gp_weight_gradient_matches_finite_differences(shape):
         flat = np.argsort(-np.abs(g).ravel())[:3]
         indices = [np.unravel_index(i, g.shape) for i in flat]
         # ReLU kinks can spoil one step size; a wrong (e.g. zero) gradient fails at both.
-        fds = [finite_difference(critic, p, real, fake, alpha, indices, eps) for eps in (1e-3, 3e-4)]
+        fds = [finite_difference(lambda: gp_value(critic, real, fake, alpha), p, indices, eps) for eps in (1e-3, 3e-4)]
         got = g[tuple(np.array(indices).T)]
         ok = np.any([np.isclose(got, fd, rtol=0.05, atol=2e-4) for fd in fds], axis=0)
         assert ok.all(), f"{p.name}: analytic {got} vs finite differences {fds}"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import mindspore as ms
 import numpy as np
 
-from ampgan.amp.health import FP16_MIN_NORMAL, HEALTH_FIELDS, global_norm, grad_health
+from ampgan.amp.float16 import FP16_MIN_NORMAL
+from ampgan.amp.health import HEALTH_FIELDS, global_norm, grad_health
 
 
 def numpy_health(g: np.ndarray) -> list[float]:

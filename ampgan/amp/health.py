@@ -14,8 +14,9 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import ops
 
-FP16_MIN_NORMAL = 2.0**-14
-FP16_MIN_SUBNORMAL = 2.0**-24
+from ampgan.amp.float16 import FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL_EXP
+
+FP16_MIN_SUBNORMAL = 2.0**FP16_MIN_SUBNORMAL_EXP
 HEALTH_FIELDS = ("zero", "underflow", "max_abs", "nonfinite")
 
 

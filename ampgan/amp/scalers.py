@@ -22,6 +22,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, ops
 
+from ampgan.amp.float16 import FP16_MAX
 from ampgan.amp.scaler_config import (DynamicScalerConfig, FixedClipScalerConfig, NoneScalerConfig,
                                       StaticScalerConfig, UnderflowAwareScalerConfig)
 
@@ -103,8 +104,6 @@ class DynamicScaler(NoOpScaler):
         ops.assign(self.counter, ((self.counter + 1) % self.window) * finite.astype(ms.int32))
         return finite
 
-
-FP16_MAX = 65504.0
 
 
 @ms.jit_class

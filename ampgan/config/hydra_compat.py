@@ -13,10 +13,7 @@ from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra._internal.utils import get_args_parser
 
-# The default sweeper's `_target_`: a sweep that names it lists its jobs (preflight checks each one).
-BASIC_SWEEPER = f"{BasicSweeper.__module__}.{BasicSweeper.__qualname__}"
-
-__all__ = ["BASIC_SWEEPER", "BasicSweeper", "Callbacks", "apply_overrides", "get_args_parser"]
+__all__ = ["BasicSweeper", "Callbacks", "apply_overrides", "get_args_parser"]
 # get_args_parser: Hydra's own command-line parser, so that preflight reads sys.argv as @hydra.main will.
 # BasicSweeper: Hydra's expansion of a sweep into jobs (sweeps.jobs lists them; the resume sweeper
 #   in hydra_plugins subclasses it to run only what is missing).

@@ -47,7 +47,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from ampgan import AmpganError, report_error
-from ampgan.config.hydra_compat import BASIC_SWEEPER, apply_overrides, get_args_parser
+from ampgan.config.hydra_compat import apply_overrides, get_args_parser
 from ampgan.config.schema import COMBINATIONS, CONF_DIR, GROUPS, Settings, closest, validate
 
 MAX_JOBS = 100_000    # a sweep this large is refused (loudly): Hydra itself composes every job

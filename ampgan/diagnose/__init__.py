@@ -6,3 +6,7 @@ second-order gradient vs finite differences), verdict (and candidate fixes), ver
 replayed and ranked; K-seed check), search (ddmin for a minimal FP32 keep-list), report;
 pipeline runs one diagnosis, command runs them all and logs the MLflow run.
 """
+
+from ampgan.diagnose.config import register_schema as _register_schema  # conf/diagnose/ extends it
+
+_register_schema()

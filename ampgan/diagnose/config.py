@@ -60,3 +60,14 @@ def diagnose_settings(cfg: DictConfig) -> DiagnoseConfig:
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None)
         raise AmpganError(f"diagnose{'.' + key if key else ''}: {str(err).splitlines()[0]}") from None
+
+
+def register_schema() -> None:
+    """DiagnoseConfig in Hydra's ConfigStore as `schema/diagnose/default`, the schema that
+    conf/diagnose/default.yaml extends (done when ampgan.diagnose is imported; idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(group="schema/diagnose", name="default", node=DiagnoseConfig)
+
+
+register_schema()

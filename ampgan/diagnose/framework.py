@@ -37,6 +37,24 @@ class FrameworkCheck:
                 f"over {self.entries} entries ({100 * self.zero_analytic:.0f}% exactly zero)")
 
 
+def finite_difference(value, param, indices, eps: float = EPS) -> np.ndarray:
+    """Central differences d value() / d param[idx] for each idx of `indices`: `value()` is a float
+    computed from the current weights, `param` an uncompiled net's Parameter (set_data is seen).
+    The weights are put back afterwards."""
+    base = param.asnumpy().copy()
+    grads = []
+    for idx in indices:
+        vals = []
+        for sign in (1, -1):
+            w = base.copy()
+            w[idx] += sign * eps
+            param.set_data(ms.Tensor(w))
+            vals.append(value())
+        grads.append((vals[0] - vals[1]) / (2 * eps))
+    param.set_data(ms.Tensor(base))
+    return np.array(grads)
+
+
 def check_penalty_gradient(amp_task, fp32_task, inputs, jit: bool, seed: int = 0) -> FrameworkCheck:
     """`amp_task`, `fp32_task`: freshly built from one seed (same weights); `inputs`: a critic step's."""
     real, z, alpha = inputs
@@ -47,6 +65,9 @@ def check_penalty_gradient(amp_task, fp32_task, inputs, jit: bool, seed: int = 0
     def penalty(r, f, a):
         return gradient_penalty(amp_task.critic_gp, r, f, a)
 
+    def fp32_gp() -> float:
+        return float(gradient_penalty(fp32_task.critic, real, fake, alpha).asnumpy())
+
     grad = ms.grad(penalty, None, params)
     analytic = [g.asnumpy() for g in (ms.jit(grad) if jit else grad)(real, fake, alpha)]
     rng = np.random.default_rng(seed)
@@ -54,18 +75,9 @@ def check_penalty_gradient(amp_task, fp32_task, inputs, jit: bool, seed: int = 0
     for p, g in zip(fp32_params, analytic):
         if p.ndim < 2:
             continue
-        base = p.asnumpy().copy()
-        for flat in rng.choice(base.size, size=min(ENTRIES, base.size), replace=False):
-            idx = np.unravel_index(flat, base.shape)
-            vals = []
-            for sign in (1, -1):
-                w = base.copy()
-                w[idx] += sign * EPS
-                p.set_data(ms.Tensor(w))  # the FP32 twin is uncompiled here: set_data is seen
-                vals.append(float(gradient_penalty(fp32_task.critic, real, fake, alpha).asnumpy()))
-            fds.append((vals[0] - vals[1]) / (2 * EPS))
-            got.append(float(g[idx]))
-        p.set_data(ms.Tensor(base))
+        indices = [np.unravel_index(flat, p.shape) for flat in rng.choice(p.size, size=min(ENTRIES, p.size), replace=False)]
+        fds.extend(finite_difference(fp32_gp, p, indices))  # the FP32 twin is uncompiled here
+        got.extend(float(g[idx]) for idx in indices)
     got, fds = np.array(got), np.array(fds)
     rel = float(np.linalg.norm(got - fds) / max(np.linalg.norm(fds), 1e-12))
     return FrameworkCheck("jit" if jit else "PYNATIVE", rel, len(got), float((got == 0).mean()))

@@ -20,11 +20,10 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
+from ampgan.amp.float16 import FP16_MAX
 from ampgan.amp.health import HEALTH_FIELDS
 from ampgan.amp.policy import KeepFP32
 from ampgan.diagnose.probe import make_inner_gradient_probe
-
-FP16_MAX = 65504.0
 
 
 @dataclass

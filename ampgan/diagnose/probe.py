@@ -11,8 +11,6 @@ of the FP32 gradient, instead of every gradient on the host:
                which in-graph health cannot see: it leaves exact zeros out)
     lost_norm  ||g_fp32 on the flushed elements|| / ||g_fp32||: how much of the gradient is lost
     fp32_norm  ||g_fp32||
-    amp_norm   ||g_amp||
-    fp32_max   max |g_fp32|
 
 `exp_hist[p, k]` counts the nonzero FP32 elements of parameter p with floor(log2|g|) = EXP_MIN + k
 (clipped to the ends); `ampgan.diagnose.ranges` turns it into loss-scale ranges.
@@ -30,7 +28,7 @@ from ampgan.amp.health import global_norm, grad_health
 from ampgan.steps.common import Step, build_update
 from ampgan.steps.gan import penalty_inner_gradient
 
-COMPARE_FIELDS = ("rel_err", "cosine", "flushed", "lost_norm", "fp32_norm", "amp_norm", "fp32_max")
+COMPARE_FIELDS = ("rel_err", "cosine", "flushed", "lost_norm", "fp32_norm")
 EXP_MIN, EXP_MAX = -64, 17          # float16: subnormals from 2**-24, normals from 2**-14, max < 2**16
 EXP_BINS = EXP_MAX - EXP_MIN + 1
 TINY = 1e-30
@@ -82,7 +80,7 @@ def _compare_one(ga, gf):
     flushed_mask = ops.logical_and(gf != 0, ga == 0)
     flushed = flushed_mask.astype(ms.float32).mean()
     lost = ops.sqrt(ops.select(flushed_mask, ops.square(gf), ops.zeros_like(gf)).sum()) / ops.maximum(nf, TINY)
-    row = ops.stack([rel, cos, flushed, lost, nf, na, ops.abs(gf).max()])
+    row = ops.stack([rel, cos, flushed, lost, nf])
     a = ops.abs(gf)
     nonzero = ops.logical_and(a > 0, ops.isfinite(a))
     e = ops.floor(ops.log2(ops.select(nonzero, a, ops.ones_like(a))))

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ampgan.amp.float16 import FP16_MIN_NORMAL_EXP
 from ampgan.diagnose.probe import EXP_MIN
 
-NORMAL_EXP = -14     # float16's smallest normal is 2**-14
+NORMAL_EXP = FP16_MIN_NORMAL_EXP
 MAX_EXP = 15         # 2**15 * (2 - 2**-10) = 65504: exponents above 15 overflow
 SEED_K_HI = 14       # loss scales above 2**14 overflow the output layer's float16 partial sums (above)
 

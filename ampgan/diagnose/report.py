@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ampgan.diagnose.statistics import LAYER_COLUMNS, heat, heat_iterations, layer_rows
+from ampgan.diagnose.statistics import LAYER_COLUMNS, heat, heat_iterations
 from ampgan.reporting.report import figure_png
 
 
@@ -140,6 +140,3 @@ def write_files(result, folder: Path) -> tuple[list[Path], dict]:
     page.write_text(html(result, pngs))
     return [csv_path, heat_path, md, page], figs
 
-
-def layer_table(result) -> list[dict]:
-    return layer_rows(result.synced, result.fits)

@@ -43,26 +43,19 @@ class NetSummary:
     rel_err_median: float      # over finite sub-steps
     rel_err_max: float
     lost_norm_max: float
-    loss_diff_median: float    # |AMP loss - FP32 loss| / max(|FP32 loss|, 1e-12), first loss
     scale_first: float
     scale_last: float
     scale_changes: int
-    scale_min: float
 
 
 def summarize_net(t: NetTrace) -> NetSummary:
     ok = np.array(t.finite, bool)
     rel = net_rel_err(t)[ok] if ok.any() else np.array([np.nan])
     lost = net_lost_norm(t)[ok] if ok.any() else np.array([0.0])
-    key = next(iter(t.amp_losses[0]))
-    a = np.array([d[key] for d in t.amp_losses], np.float64)
-    f = np.array([d[key] for d in t.fp32_losses], np.float64)
-    diff = np.abs(a - f) / np.maximum(np.abs(f), 1e-12)
     scale = np.array(t.scale)
     return NetSummary(t.net, len(t.finite), int((~ok).sum()), int((~np.array(t.applied, bool)).sum()),
                       float(np.median(rel)), float(np.max(rel)), float(np.max(lost)),
-                      float(np.median(diff[np.isfinite(diff)])) if np.isfinite(diff).any() else float("nan"),
-                      float(scale[0]), float(scale[-1]), int((np.diff(scale) != 0).sum()), float(scale.min()))
+                      float(scale[0]), float(scale[-1]), int((np.diff(scale) != 0).sum()))
 
 
 def layer_rows(trace: Trace, ranges: dict | None = None) -> list[dict]:

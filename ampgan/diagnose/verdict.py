@@ -30,7 +30,6 @@ from ampgan.diagnose.ranges import ScaleFit, merge_fits
 from ampgan.diagnose.statistics import layer_rows, summarize_net
 
 EXIT_CODES = {"healthy": 0, "not_amp": 3}   # every other verdict: 1 (an AMP problem, fix printed)
-VERDICTS = ("healthy", "not_amp", "framework", "overflow", "underflow", "precision", "scaler")
 
 
 @dataclass

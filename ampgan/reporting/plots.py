@@ -1,6 +1,6 @@
-"""Pictures drawn with Pillow alone: scatter plots, image grids, heat maps, strips of pictures over training.
+"""Pictures drawn with Pillow alone: scatter plots, image grids, strips of pictures over training.
 
-Charts (axes, legends) are matplotlib's, in `ampgan.report`.
+Charts (axes, legends) are matplotlib's, in `ampgan.reporting.report` (its heat map included).
 """
 
 from __future__ import annotations
@@ -42,26 +42,6 @@ def image_grid(images: np.ndarray, path: Path, ncol: int = 8, zoom: int = 4) -> 
         r, c = divmod(i, ncol)
         grid[1 + r * (h + 1) : 1 + r * (h + 1) + h, 1 + c * (w + 1) : 1 + c * (w + 1) + w] = im
     img = Image.fromarray((grid * 255).astype(np.uint8)).resize((grid.shape[1] * zoom, grid.shape[0] * zoom), Image.NEAREST)
-    img.save(path)
-    return Path(path)
-
-
-def heatmap(matrix: np.ndarray, path: Path, cell: int = 32, title: str = "") -> Path:
-    """A matrix as white-to-blue cells with the values written in them (e.g. a confusion matrix)."""
-    rows, cols = matrix.shape
-    top = 20
-    img = Image.new("RGB", (cols * cell + 1, rows * cell + top + 1), "white")
-    draw = ImageDraw.Draw(img)
-    peak = max(float(np.nanmax(matrix)), 1e-12)
-    for r in range(rows):
-        for c in range(cols):
-            v = float(matrix[r, c])
-            t = 0.0 if not np.isfinite(v) else min(max(v / peak, 0.0), 1.0)
-            fill = (int(255 - 200 * t), int(255 - 150 * t), 255)
-            box = (c * cell, top + r * cell, (c + 1) * cell, top + (r + 1) * cell)
-            draw.rectangle(box, fill=fill, outline=(200, 200, 200))
-            draw.text((box[0] + 3, box[1] + cell // 3), f"{v:g}"[:5], fill=(0, 0, 0))
-    draw.text((4, 4), title, fill=(0, 0, 0))
     img.save(path)
     return Path(path)
 

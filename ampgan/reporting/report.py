@@ -21,17 +21,16 @@ import csv
 import html
 import io
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from ampgan import AmpganError, report_error
 from ampgan.config.schema import outputs_dir
+from ampgan.tracking.tracker import DIRECTION_TAG, OBJECTIVE_TAG
 
 PREFIXES = ("critic", "gen", "train")
 PARENT_TAG = "ampgan.sweep_parent"          # a sweep's parent run (ampgan.sweep_runs)
-OBJECTIVES = {"eval/swd": "minimize", "eval/accuracy": "maximize"}  # the tasks' objectives
 EVAL_KEYS = ("eval/swd", "eval/modes_covered", "eval/high_quality", "eval/accuracy", "eval/loss")
 REPORT_DIR = "report"                        # artifact folder on the parent run
 
@@ -45,7 +44,15 @@ def _fmt(v) -> str:
 
 
 def objective_of(run) -> str | None:
-    return next((k for k in OBJECTIVES if k in run.data.metrics), None)
+    """The metric the run's task optimises, as the run itself names it (its `ampgan.objective` tag),
+    when the run logged it."""
+    key = run.data.tags.get(OBJECTIVE_TAG)
+    return key if key in run.data.metrics else None
+
+
+def direction_of(run) -> str:
+    """"minimize" or "maximize": how the run's task reads its objective (its `ampgan.direction` tag)."""
+    return run.data.tags.get(DIRECTION_TAG, "minimize")
 
 
 def swept_value(run, key: str) -> str:
@@ -192,9 +199,10 @@ def new_figure(ncols: int = 1, nrows: int = 1, width: float = 5.0, height: float
 
 
 def chart_objective(runs: list, varies: list[str]):
-    objective = next((o for o in (objective_of(r) for r in runs) if o), None)
-    if objective is None:
+    scored = next((r for r in runs if objective_of(r)), None)
+    if scored is None:
         return None
+    objective = objective_of(scored)
     keys = varies or ["run"]
     fig, axes = new_figure(len(keys))
     for ax, key in zip(axes[0], keys):
@@ -204,7 +212,7 @@ def chart_objective(runs: list, varies: list[str]):
             ax.set_xticks(range(len(runs)), [r.info.run_name for r in runs], rotation=30, ha="right")
         else:
             _against(ax, runs, key, ys, objective)
-        ax.set_ylabel(f"{objective} ({OBJECTIVES[objective]})")
+        ax.set_ylabel(f"{objective} ({direction_of(scored)})")
         ax.set_title(f"{objective} against {key}")
     return fig
 
@@ -261,8 +269,9 @@ def chart_underflow(client, run):
 
 
 def heatmap_figure(grid: np.ndarray, rows: list[str], cols: list[str], title: str, label: str,
-                   xlabel: str = "step", log: bool = False, bad: str | None = None):
-    """A layers x steps matrix as a matplotlib heat map (the sweep report's and diagnose's).
+                   xlabel: str = "step", log: bool = False, bad: str | None = None, annotate: bool = False):
+    """A rows x columns matrix as a matplotlib heat map: the sweep report's and diagnose's layers x
+    steps, the classifier's confusion matrix (`annotate`: each cell's value written in it).
 
     Colour from 0 to the largest finite value (`log`: a log scale over the positive finite values,
     when there are some); non-finite cells are drawn in `bad` (e.g. "red" for an infinite error),
@@ -290,6 +299,10 @@ def heatmap_figure(grid: np.ndarray, rows: list[str], cols: list[str], title: st
     ax.set_xticks(range(len(cols)), cols, fontsize=7, rotation=90 if len(cols) > 12 else 0)
     ax.set_xlabel(xlabel)
     ax.set_title(title)
+    if annotate:
+        for (r, c), v in np.ndenumerate(grid):
+            ax.text(c, r, f"{v:g}"[:5], ha="center", va="center", fontsize=7,
+                    color="white" if finite[r, c] and norm(v) < 0.5 else "black")
     ax.figure.colorbar(im, ax=ax, label=label)
     return fig
 
@@ -307,7 +320,7 @@ def best_run(runs: list):
               and math.isfinite(r.data.metrics[o])]
     if not scored:
         return runs[0] if runs else None
-    sign = 1 if OBJECTIVES[objective_of(scored[0][1])] == "minimize" else -1
+    sign = 1 if direction_of(scored[0][1]) == "minimize" else -1
     return min(scored, key=lambda s: sign * s[0])[1]
 
 

@@ -110,9 +110,10 @@ class Job:
     @property
     def objective(self) -> float | None:
         for run in self.runs:
-            if run.info.status == "FINISHED":
-                m = run.data.metrics
-                return m.get("eval/swd", m.get("eval/accuracy"))
+            from ampgan.reporting.report import objective_of
+
+            if run.info.status == "FINISHED" and (key := objective_of(run)):
+                return run.data.metrics[key]
         return None
 
 

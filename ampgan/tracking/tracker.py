@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from ampgan import AmpganError, one_line
-from ampgan.config.schema import outputs_dir
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +26,8 @@ JOURNAL = "metrics.jsonl"        # every metric, appended before it is sent
 JOURNAL_SENT = "metrics.sent"    # how many journal lines the store has confirmed
 RUN_RECORD = "tracking.json"     # where the run lives: store URI, experiment, run id
 RETRY_SECONDS = 10.0             # after a failed send, wait this long before trying again
+OBJECTIVE_TAG = "ampgan.objective"   # a run's tags: the metric its task optimises ...
+DIRECTION_TAG = "ampgan.direction"   # ... and whether to minimize or maximize it
 MAX_KEY_LENGTH = 250             # MLflow's MAX_ENTITY_KEY_LENGTH (a test checks), known without importing MLflow
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from ampgan import AmpganError, process_age, report_error
+from ampgan import AmpganError, process_age
 from ampgan.config.schema import PACKAGE_DIR, Settings, validate
 
 log = logging.getLogger("ampgan")
@@ -127,10 +127,12 @@ def tracks_in_background(s: Settings, resume: Path | None) -> bool:
 
 def _tracked_fit(task, tracker, settings: Settings, run_dir: Path, params: dict, startup: dict, clock: float,
                  resume: Path | None, host: dict, reused: bool, background: bool = False) -> float:
+    from ampgan.tracking.tracker import DIRECTION_TAG, OBJECTIVE_TAG
     from ampgan.training.loop import fit, tracked_run
 
     tags = {**_tags(settings, run_dir), "ampgan.graphs": "reused" if reused else "compiled",
-            "ampgan.tracking": "helper" if background else "process"}
+            "ampgan.tracking": "helper" if background else "process",
+            OBJECTIVE_TAG: task.objective, DIRECTION_TAG: task.direction}
     with tracked_run(tracker, _run_name(settings), params, tags, host.get("run_id")):
         if resume is not None:
             log.info(f"resuming run {tracker.run_id} from step {host['step']} ({resume})")

@@ -1,0 +1,174 @@
+"""What every task shares: the per-net step state (`NetState`) and the loop's side of a task (`TaskBase`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+import mindspore as ms
+import numpy as np
+from ampgan.amp.health import HEALTH_FIELDS, grad_health, no_health
+from ampgan.config.schema import Settings
+from ampgan.data import Batches
+from ampgan.steps.common import Step
+
+
+SAMPLES_OVER_TIME = "samples"   # run-folder subfolder of the pictures made at each evaluation
+
+
+class NetState:
+    """Host-side bookkeeping for one optimised net: pending step statuses, cumulative counts.
+
+    Steps are launched without waiting (`push`); `drain` fetches what is pending in one go,
+    so the host does not stall MindSpore after every step, only at the logging cadence.
+    Only what a step measured is reported: health fields from the newest measured status
+    drained (none when health was off or no drained status was measured), `grad_norm` only
+    when the newest status computed the norm.
+    """
+
+    COUNTERS = ("skipped", "clipped", "steps", "nonfinite_run")
+
+    def __init__(self, prefix: str, step: Step):
+        self.prefix, self.step = prefix, step
+        self.sizes = np.array([p.size for p in step.weights], dtype=np.float64)
+        self.pending: list[tuple[int, ms.Tensor, bool]] = []  # (step, packed status, measured)
+        self.skipped = self.clipped = self.steps = 0
+        self.nonfinite_run = 0          # consecutive steps whose loss was not finite
+        self.last_health: np.ndarray | None = None
+
+    def push(self, step: int, packed_status, measured: bool) -> None:
+        """A launched step's status; `measured`: it ran the measuring variant (`Step.measured`)."""
+        self.pending.append((step, packed_status, measured))
+
+    def launch(self, step: int, inputs: tuple, measure: bool) -> None:
+        """Launch the step on `inputs` (measuring or plain variant) and push its status."""
+        self.push(step, self.step.launch(*inputs, measure=measure), self.step.measured(measure))
+
+    def drain(self) -> tuple[int, dict[str, float]]:
+        """(last step, metrics) of the steps since the last drain: losses averaged; scale from the
+        last, health from the last measured."""
+        if not self.pending:
+            return 0, {}
+        last_step, _, last_measured = self.pending[-1]
+        statuses = [self.step.decode(t.asnumpy()) for _, t, _ in self.pending]
+        measured = [s for s, (_, _, was_measured) in zip(statuses, self.pending) if was_measured]
+        self.pending.clear()
+        for s in statuses:
+            finite_loss = all(np.isfinite(v) for v in s.losses.values())
+            self.nonfinite_run = 0 if finite_loss else self.nonfinite_run + 1
+        last = statuses[-1]
+        self.steps += len(statuses)
+        self.skipped += sum(not s.applied for s in statuses)
+        self.clipped += sum(s.clipped for s in statuses)
+        p = self.prefix
+        out = {f"{p}/{k}": float(np.mean([s.losses[k] for s in statuses])) for k in last.losses}
+        out.update({
+            f"{p}/scale": last.scale, f"{p}/skipped": float(self.skipped),
+            f"{p}/finite": float(all(s.finite for s in statuses)), f"{p}/clip_rate": self.clipped / self.steps,
+        })
+        if self.step.computes_norm(last_measured):
+            out[f"{p}/grad_norm"] = last.grad_norm
+        if self.step.measures_health and measured:
+            h = self.last_health = measured[-1].health
+            w = self.sizes / self.sizes.sum()
+            out[f"{p}/underflow"] = float(h[:, HEALTH_FIELDS.index("underflow")] @ w)
+            out[f"{p}/zero"] = float(h[:, HEALTH_FIELDS.index("zero")] @ w)
+            out[f"{p}/max_abs_scaled_grad"] = float(h[:, HEALTH_FIELDS.index("max_abs")].max())
+            out[f"{p}/nonfinite"] = float(h[:, HEALTH_FIELDS.index("nonfinite")].sum())
+        return last_step, out
+
+    def layer_health(self) -> dict[str, float]:
+        """Per-parameter health of the last drained step, named `grad/<param>/<field>` (empty if not measured)."""
+        if self.last_health is None:
+            return {}
+        return {f"grad/{name}/{field}": float(v)
+                for name, row in zip(self.step.param_names, self.last_health)
+                for field, v in zip(HEALTH_FIELDS, row)}
+
+    def counters(self) -> dict[str, int]:
+        return {k: int(getattr(self, k)) for k in self.COUNTERS}
+
+    def load_counters(self, counters: dict[str, int]) -> None:
+        for k in self.COUNTERS:
+            setattr(self, k, int(counters[k]))
+
+
+class TaskBase:
+    """What the loop asks of every task beyond its own step: drained metrics, health, divergence, state.
+
+    A subclass sets `nets`, `optimizers` and `scalers` (name -> object) and `rngs` (name -> NumPy Generator
+    used while training) and implements `states()`; checkpoints then hold everything a run needs to
+    continue exactly: every Parameter of the nets, optimizers and scalers, the batch sampler's
+    position, the RNGs, the host-side counters.
+    """
+
+    nets: dict
+    optimizers: dict
+    scalers: dict
+    batches: Batches
+    rngs: dict[str, np.random.Generator]
+    # the attributes that hold the compiled steps and what they close over (nets, optimizers,
+    # scalers): `ampgan.graph_pool` hands a pooled task's to a fresh task of the same structure
+    GRAPH_ATTRS: tuple[str, ...] = ("nets", "optimizers", "scalers")
+
+    def states(self) -> list[NetState]:
+        raise NotImplementedError
+
+    def metrics(self) -> list[tuple[int, dict[str, float]]]:
+        """Fetch the statuses of the steps since the last call: (last step, metrics) per net."""
+        return [drained for state in self.states() if (drained := state.drain())[1]]
+
+    def layer_health(self) -> dict[str, float]:
+        return {k: v for state in self.states() for k, v in state.layer_health().items()}
+
+    def nonfinite_run(self) -> int:
+        return max(state.nonfinite_run for state in self.states())
+
+    def eval_picture(self, folder: Path, step: int) -> Path | None:
+        """The picture made at each evaluation (`samples/step-000250.png`); None: this task makes none."""
+        return None
+
+    def state_parameters(self) -> dict[str, ms.Parameter]:
+        """Every on-device state tensor, under a name unique across optimizers and scalers."""
+        out = {}
+        for group, net in self.nets.items():   # what no optimizer holds: BatchNorm's moving statistics
+            for param in net.untrainable_params():
+                out[f"{group}/{param.name}"] = param
+        for group, opt in self.optimizers.items():
+            for _, param in opt.parameters_and_names():
+                out[f"{group}/{param.name}"] = param
+        for group, scaler in self.scalers.items():
+            for attr, value in sorted(vars(scaler).items()):
+                if isinstance(value, ms.Parameter) and attr not in scaler.hyperparameters:
+                    out[f"{group}/{attr}"] = value
+        return out
+
+    def graph_parameters(self) -> dict[str, ms.Parameter]:
+        """Every Parameter the compiled steps read: the state above, the weights, the learning
+        rates and the scalers' settings; `ampgan.graph_pool` copies them all into a pooled task."""
+        out = self.state_parameters()
+        for group, net in self.nets.items():
+            for param in net.trainable_params():
+                out.setdefault(f"{group}/{param.name}", param)
+        for group, opt in self.optimizers.items():
+            for i, lr in enumerate(opt.lrs):
+                out[f"{group}/lr{i}"] = lr
+        for group, scaler in self.scalers.items():
+            for attr in scaler.hyperparameters:
+                out[f"{group}/{attr}"] = getattr(scaler, attr)
+        return out
+
+    def host_state(self) -> dict:
+        """Host-side state as plain JSON-able values."""
+        return {"batches": self.batches.state(),
+                "rngs": {k: rng.bit_generator.state for k, rng in self.rngs.items()},
+                "counters": {s.prefix: s.counters() for s in self.states()}}
+
+    def load_host_state(self, state: dict) -> None:
+        self.batches.load_state(state["batches"])
+        for k, rng in self.rngs.items():
+            rng.bit_generator.state = state["rngs"][k]
+        for s in self.states():
+            s.load_counters(state["counters"][s.prefix])
+
+
+def health_fn(s: Settings):
+    return grad_health if s.trainer.grad_health else no_health

@@ -1,0 +1,79 @@
+"""The classifier task: one net, softmax cross-entropy, accuracy; the confusion matrix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+import mindspore as ms
+import numpy as np
+from mindspore import mint
+from ampgan.amp.policy import apply_amp, check_keep_paths
+from ampgan.amp.scalers import build_scaler
+from ampgan.config.schema import Settings
+from ampgan.data import Batches, Dataset
+from ampgan.tasks.metrics import confusion_matrix, softmax_cross_entropy
+from ampgan.models import Classifier
+from ampgan.steps.classifier import build_classifier_step
+from ampgan.tasks.base import NetState, TaskBase, health_fn
+
+
+class ClassifierTask(TaskBase):
+    objective = "eval/accuracy"
+    direction = "maximize"
+    GRAPH_ATTRS = TaskBase.GRAPH_ATTRS + ("net", "net_amp")
+
+    def __init__(self, s: Settings, data: Dataset):
+        self.data = data
+        self.net = Classifier(data.sample_shape, data.n_classes, s.model.width, s.model.logit_scale,
+                              s.model.norm_scale, s.model.feature_offset)
+        self.fp32_loss = s.amp.fp32_loss
+        check_keep_paths({"": self.net}, s.amp.keep_fp32)
+        net_amp = apply_amp(self.net, s.amp.level, s.amp.keep_fp32)
+        net_amp.set_train(True)  # cells start in inference mode: BatchNorm would use its moving statistics
+        self.net_amp = net_amp
+        self.nets = {"net": net_amp}
+        opt = mint.optim.Adam(net_amp.trainable_params(), lr=s.model.lr, betas=tuple(s.model.betas))
+        self.optimizers = {"opt": opt}
+        self.scalers = {"scaler": build_scaler(s.scaler, "scaler")}
+        self.rngs = {}
+        step = build_classifier_step(net_amp, opt, self.scalers["scaler"], health_fn(s),
+                                     fp32_loss=s.amp.fp32_loss, jit=s.hardware.jit)
+        self.state = NetState("train", step)
+        self.batches = Batches(data.x_train, data.y_train, s.trainer.batch_size, s.trainer.seed)
+
+    def states(self) -> list[NetState]:
+        return [self.state]
+
+    def step_inputs(self) -> list[tuple[str, tuple]]:
+        """One step's sub-steps and inputs: [("train", (x, y))], the sampler's next batch."""
+        x, y = self.batches.next()
+        return [("train", (ms.Tensor(x), ms.Tensor(y)))]
+
+    def train_step(self, step: int, measure: bool = True) -> None:
+        """Launch one step; `measure`: with gradient health (its status will be read)."""
+        for _, inputs in self.step_inputs():
+            self.state.launch(step, inputs, measure)
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        self.net_amp.set_train(False)
+        try:
+            return np.concatenate([self.net_amp(ms.Tensor(c)).asnumpy().astype(np.float64)
+                                   for c in np.array_split(x, max(1, len(x) // 512))])
+        finally:
+            self.net_amp.set_train(True)
+
+    def evaluate(self) -> dict[str, float]:
+        logits = self.logits(self.data.x_test)
+        return {"eval/accuracy": float((logits.argmax(1) == self.data.y_test).mean()),
+                "eval/loss": softmax_cross_entropy(logits, self.data.y_test)}
+
+    def save_pictures(self, folder: Path) -> list[Path]:
+        pred = self.logits(self.data.x_test).argmax(1)
+        cm = confusion_matrix(pred, self.data.y_test, self.data.n_classes)
+        from ampgan.reporting.report import figure_png, heatmap_figure
+
+        labels = [str(k) for k in range(self.data.n_classes)]
+        fig = heatmap_figure(cm, labels, labels, "confusion: rows true, columns predicted", "test examples",
+                             xlabel="predicted", annotate=True)
+        path = Path(folder) / "confusion.png"
+        path.write_bytes(figure_png(fig))
+        return [path]

@@ -1,0 +1,121 @@
+"""The WGAN-GP task: generator and critic, their optimizers, scalers and steps; SWD and mode coverage; samples."""
+
+from __future__ import annotations
+
+from pathlib import Path
+import mindspore as ms
+import numpy as np
+from mindspore import mint
+from ampgan.reporting import plots
+from ampgan.amp.policy import apply_amp, check_keep_paths, shared_fp32_twin
+from ampgan.amp.scalers import build_scaler
+from ampgan.config.schema import Settings
+from ampgan.data import Batches, Dataset
+from ampgan.tasks.metrics import mode_coverage, sliced_wasserstein
+from ampgan.models import Critic, Generator
+from ampgan.steps.gan import build_gan_steps
+from ampgan.tasks.base import SAMPLES_OVER_TIME, NetState, TaskBase, health_fn
+
+
+class GanTask(TaskBase):
+    objective = "eval/swd"
+    direction = "minimize"
+    GRAPH_ATTRS = TaskBase.GRAPH_ATTRS + ("gen", "critic", "gen_amp", "critic_amp", "critic_gp")
+
+    def __init__(self, s: Settings, data: Dataset):
+        m, shape = s.model, data.sample_shape
+        self.data, self.n_critic, self.z_dim = data, m.n_critic, m.z_dim
+        self.eval_samples, self.seed = s.trainer.eval_samples, s.trainer.seed
+
+        def make_critic():
+            return Critic(shape, m.hidden, m.depth, gain=m.critic_gain, input_scale=m.critic_input_scale)
+
+        self.gen = Generator(m.z_dim, shape, m.hidden, m.depth)
+        self.gen.update_parameters_name("gen.")
+        self.critic = make_critic()
+        self.critic.update_parameters_name("critic.")
+        check_keep_paths({"gen": self.gen, "critic": self.critic}, s.amp.keep_fp32)
+        twin = shared_fp32_twin(make_critic, self.critic) if s.amp.fp32_gradient_penalty else None
+        gen_amp = apply_amp(self.gen, s.amp.level, s.amp.keep_fp32, root="gen")
+        critic_amp = apply_amp(self.critic, s.amp.level, s.amp.keep_fp32, root="critic")
+        self.gen_amp, self.critic_amp = gen_amp, critic_amp
+        self.nets = {"gen": gen_amp, "critic": critic_amp}
+        self.critic_gp = twin if twin is not None else critic_amp  # the net the penalty runs through
+        self.gp_lambda = m.gp_lambda
+        opt_g = mint.optim.Adam(gen_amp.trainable_params(), lr=m.lr_g, betas=tuple(m.betas))
+        opt_d = mint.optim.Adam(critic_amp.trainable_params(), lr=m.lr_d, betas=tuple(m.betas))
+        self.optimizers = {"gen.opt": opt_g, "critic.opt": opt_d}
+        self.scalers = {"gen.scaler": build_scaler(s.scaler, "gen.scaler"),
+                        "critic.scaler": build_scaler(s.scaler, "critic.scaler")}
+        critic_step, gen_step = build_gan_steps(
+            gen_amp, critic_amp, twin if twin is not None else critic_amp, opt_g, opt_d,
+            self.scalers["gen.scaler"], self.scalers["critic.scaler"],
+            m.gp_lambda, health_fn(s), jit=s.hardware.jit)
+        self.critic_state = NetState("critic", critic_step)
+        self.gen_state = NetState("gen", gen_step)
+        self.batches = Batches(data.x_train, data.y_train, s.trainer.batch_size, s.trainer.seed)
+        self.rng = np.random.default_rng(s.trainer.seed + 1)
+        self.rngs = {"noise": self.rng}
+        self.batch_size = s.trainer.batch_size
+        self.alpha_shape = (self.batch_size,) + (1,) * len(shape)
+
+    def states(self) -> list[NetState]:
+        return [self.critic_state, self.gen_state]
+
+    def _z(self, n: int) -> ms.Tensor:
+        return ms.Tensor(self.rng.standard_normal((n, self.z_dim)).astype(np.float32))
+
+    def step_inputs(self) -> list[tuple[str, tuple]]:
+        """One iteration's sub-steps and their inputs, drawn from the sampler and the noise RNG in
+        training order: n_critic ("critic", (real, z, alpha)), then ("gen", (z,))."""
+        out = []
+        for _ in range(self.n_critic):
+            real, _ = self.batches.next()
+            alpha = self.rng.uniform(size=self.alpha_shape).astype(np.float32)
+            out.append(("critic", (ms.Tensor(real), self._z(self.batch_size), ms.Tensor(alpha))))
+        out.append(("gen", (self._z(self.batch_size),)))
+        return out
+
+    def train_step(self, step: int, measure: bool = True) -> None:
+        """Launch one iteration's sub-steps; `measure`: with gradient health (its status will be read)."""
+        states = {"critic": self.critic_state, "gen": self.gen_state}
+        for net, inputs in self.step_inputs():
+            states[net].launch(step, inputs, measure)
+
+    def generate(self, n: int, seed: int) -> np.ndarray:
+        rng = np.random.default_rng(seed)
+        z = rng.standard_normal((n, self.z_dim)).astype(np.float32)
+        return np.concatenate([self.gen_amp(ms.Tensor(chunk)).asnumpy() for chunk in np.array_split(z, max(1, n // 1024))])
+
+    def evaluate(self) -> dict[str, float]:
+        fake = self.generate(self.eval_samples, seed=self.seed + 7)
+        finite = np.isfinite(fake.reshape(len(fake), -1)).all(axis=1)
+        out = {"eval/finite_samples": float(finite.mean())}
+        if not finite.any():
+            return {**out, "eval/swd": float("nan")}
+        out["eval/swd"] = sliced_wasserstein(fake[finite], self.data.x_test, seed=self.seed)
+        if self.data.modes is not None:
+            cov = mode_coverage(fake[finite], self.data.modes, self.data.mode_radius)
+            out.update({f"eval/{k}": v for k, v in cov.items()})
+        return out
+
+    def samples_picture(self, path: Path, title: str = "") -> Path:
+        """Samples of a fixed noise (the same at every call): an image grid, or a scatter over the real points."""
+        if self.data.is_image:
+            return plots.image_grid(self.generate(64, seed=self.seed + 9), path)
+        fake = self.generate(min(self.eval_samples, 2000), seed=self.seed + 9)
+        return plots.scatter(self.data.x_test[:2000], fake, path, title=title)
+
+    def eval_picture(self, folder: Path, step: int) -> Path:
+        """Samples over training: one picture per evaluation, `samples/step-000250.png`."""
+        out = Path(folder) / SAMPLES_OVER_TIME
+        out.mkdir(parents=True, exist_ok=True)
+        return self.samples_picture(out / f"step-{step:06d}.png", title=f"step {step} (dark: real, orange: generated)")
+
+    def save_pictures(self, folder: Path) -> list[Path]:
+        """The final samples, and a strip of the pictures made at the evaluations (when there are several)."""
+        pictures = [self.samples_picture(Path(folder) / "samples.png")]
+        frames = sorted((Path(folder) / SAMPLES_OVER_TIME).glob("step-*.png"))
+        if len(frames) > 1:
+            pictures.append(plots.strip(frames, Path(folder) / "samples_strip.png"))
+        return pictures
