@@ -7,6 +7,16 @@ import sys as _sys
 # MindSpore prints a wall of C++ warnings at import unless told otherwise.
 _os.environ.setdefault("GLOG_v", "3")
 
+# MLflow's usage telemetry is on by default (its client and its server fetch a remote config and
+# post usage events). Nothing ampgan starts sends it unless the user opts in with
+# AMPGAN_TELEMETRY=true: set here, before MLflow is imported, and inherited by every process ampgan
+# starts (the tracking helper, sweep and search workers, SLURM jobs, `make ui`, `make server`).
+# A value the user set for either variable is left as it is.
+TELEMETRY_OPT_IN = "AMPGAN_TELEMETRY"
+if _os.environ.get(TELEMETRY_OPT_IN, "").strip().lower() not in ("1", "true", "yes", "on"):
+    _os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    _os.environ.setdefault("DO_NOT_TRACK", "true")
+
 __version__ = "0.1.0"
 
 

@@ -36,6 +36,7 @@ STATE = "state.json"
 PACKAGES = {  # a command each Debian package provides -> the package
     "slurmctld": "slurm-wlm", "slurmd": "slurm-wlm", "sbatch": "slurm-wlm", "munged": "munge",
     "mungekey": "munge", "initdb": "postgresql", "pg_ctl": "postgresql",
+    "strace": "strace", "unshare": "util-linux", "ip": "iproute2",  # the telemetry test: connect() traced in a netns
 }
 
 

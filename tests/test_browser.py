@@ -34,13 +34,29 @@ def clip_sweep(tmp_path_factory):
     return finished_clip_sweep(tmp_path_factory.getbasetemp() / "clip_sweep")
 
 
+@pytest.fixture(scope="module")
+def diagnosed(clip_sweep):
+    """One job of the sweep diagnosed by `python -m ampgan.diagnose diagnose.run=<its id>`: (run, diagnose run)."""
+    child = next(c for c in clip_sweep.children if c.info.run_name == "o0-fixed_clip-clip_norm=0.5-seed0")
+    env = {**os.environ, "AMPGAN_OUTPUTS": str(clip_sweep.outputs)}
+    done = subprocess.run([sys.executable, "-m", "ampgan.diagnose", f"diagnose.run={child.info.run_id}",
+                           "diagnose.steps=2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode in (0, 1, 3), done.stderr[-3000:]  # a verdict (not 2: bad input)
+    run = clip_sweep.client.get_run(child.info.run_id)
+    diagnosis = clip_sweep.client.get_run(run.data.tags["ampgan.diagnosis"])
+    return run, diagnosis
+
+
 @pytest.fixture
-def ui_server(clip_sweep):
-    """`python -m ampgan.tracking ui` on the sweep's store; stopped with its whole process group."""
+def ui_server(clip_sweep, tmp_path):
+    """`python -m ampgan.tracking ui` on the sweep's store; stopped with its whole process group.
+    (base address, experiment id, the page it printed to open)."""
     port = free_port()
     env = {**os.environ, "AMPGAN_OUTPUTS": str(clip_sweep.outputs)}
-    proc = subprocess.Popen([sys.executable, "-m", "ampgan.tracking", "ui", "--port", str(port)], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    printed = tmp_path / "ui.out"
+    with printed.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "ampgan.tracking", "ui", "--port", str(port)], cwd=ROOT, env=env,
+                                stdout=out, stderr=subprocess.DEVNULL, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 120
@@ -52,7 +68,9 @@ def ui_server(clip_sweep):
                 time.sleep(1)
         assert proc.poll() is None, "the dashboard server stopped"
         exp = json.load(urllib.request.urlopen(f"{base}/api/2.0/mlflow/experiments/get-by-name?experiment_name=ampgan"))
-        yield base, exp["experiment"]["experiment_id"]
+        opens = [ln.split(": ", 1)[1].strip() for ln in printed.read_text().splitlines() if ln.startswith("ampgan's runs: ")]
+        assert opens, printed.read_text()
+        yield base, exp["experiment"]["experiment_id"], opens[0]
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
@@ -84,7 +102,7 @@ def _group(pgid: int) -> list:
 
 
 def test_sweep_dashboard_in_a_real_browser(clip_sweep, ui_server):
-    base, exp_id = ui_server
+    base, exp_id, _ = ui_server
     shots = clip_sweep.outputs / "browser"
     shots.mkdir(parents=True, exist_ok=True)
     parent = clip_sweep.parent
@@ -136,3 +154,45 @@ def test_sweep_dashboard_in_a_real_browser(clip_sweep, ui_server):
             browser.close()
     for shot in ("experiment.png", "child_loss_scale.png", "parent_report.png"):
         assert (shots / shot).stat().st_size > 10_000
+
+
+def test_the_dashboard_opens_on_the_training_view_with_each_verdict_on_its_run(clip_sweep, diagnosed, ui_server):
+    """The page `make ui` prints: ampgan's runs table (not MLflow's GenAI welcome page); a diagnosed run
+    shows its verdict and the link to its diagnosis; the diagnosis's description starts with the verdict."""
+    base, exp_id, opens = ui_server
+    run, diagnosis = diagnosed
+    verdict, line = run.data.tags["ampgan.verdict"], run.data.tags["ampgan.verdict.line"]
+    assert opens == f"{base}/#/experiments/{exp_id}/runs?workflowType=machine_learning"
+    assert diagnosis.data.tags["mlflow.note.content"].startswith(f"**ampgan verdict: {verdict}**: {line}")
+    shots = clip_sweep.outputs / "browser"
+    shots.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.set_default_timeout(60_000)
+            page.goto(opens)
+            page.locator("[role=row]", has_text=clip_sweep.parent.info.run_name).first.wait_for()
+            text = page.locator("body").inner_text()
+            # the training view's runs table, not the GenAI view (welcome page, traces, evaluations)
+            assert "Run Name" in text and "Welcome to MLflow" not in text and "Evaluations" not in text, text[:2000]
+            assert f"/experiments/{exp_id}" in page.url
+            close_assistant(page)
+            page.screenshot(path=str(shots / "training_view.png"))
+
+            # the diagnosed run, opened as the diagnosis's link does; still the training view
+            assert run.data.tags["ampgan.diagnosis.link"] == (
+                f"#/experiments/{diagnosis.info.experiment_id}/runs/{diagnosis.info.run_id}?workflowType=machine_learning")
+            page.goto(f"{base}/#/experiments/{exp_id}/runs/{run.info.run_id}?workflowType=machine_learning")
+            page.get_by_text("ampgan.verdict.line").first.wait_for()
+            text = page.locator("body").inner_text()
+            assert "Evaluation runs" not in text, text[:2000]
+            assert verdict in text and line[:60] in text and diagnosis.info.run_id in text, text[:3000]
+            page.screenshot(path=str(shots / "diagnosed_run.png"), full_page=True)
+
+            page.goto(f"{base}/{run.data.tags['ampgan.diagnosis.link']}")
+            page.get_by_text(f"ampgan verdict: {verdict}").first.wait_for()
+            page.screenshot(path=str(shots / "diagnosis.png"), full_page=True)
+        finally:
+            browser.close()
+    assert (shots / "training_view.png").stat().st_size > 10_000

@@ -105,7 +105,7 @@ def test_diverging_run_stops_and_says_so(outputs, tmp_path):
 
 def test_a_status_line_right_after_the_first_reports_speed_not_a_second_compile(monkeypatch):
     """Lines on consecutive steps (print_every 1 or 2): only the first is the compiling one."""
-    from ampgan import trainer
+    from ampgan.training import loop as trainer
 
     clock = iter([0.0, 5.0, 5.5, 6.0, 6.0])
     monkeypatch.setattr(trainer.time, "perf_counter", lambda: next(clock))
@@ -119,7 +119,7 @@ def test_a_status_line_right_after_the_first_reports_speed_not_a_second_compile(
 def test_status_line_reports_the_compile_then_the_speed_of_the_compiled_steps(monkeypatch):
     """The first line says how long the first (compiling) step took; later lines' speed and time left
     count only the steps after it, and a time-based line is due without waiting for the step count."""
-    from ampgan import trainer
+    from ampgan.training import loop as trainer
 
     clock = iter([0.0, 8.0, 10.0, 10.0, 45.0, 45.0])
     monkeypatch.setattr(trainer.time, "perf_counter", lambda: next(clock))

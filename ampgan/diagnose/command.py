@@ -181,6 +181,7 @@ def publish(result: Result, cfg: DictConfig, s, diagnosed: str | None, run_dir: 
         tags["ampgan.start_step"] = str(result.analysis.ref.start_step)
     if v.fixes:
         tags["ampgan.fix"] = (result.checked[0].fix if result.checked else v.fixes[0]).text
+    tags["mlflow.note.content"] = verdict_note(result)
     params = flatten(OmegaConf.to_container(cfg, resolve=True))
     with tracked_run(tracker, f"diagnose-{s.model.name}-{s.amp.level.lower()}-{s.scaler.name}", params, tags):
         metrics = {"diagnose/exit_code": float(v.exit_code), "diagnose/seconds": seconds,
@@ -199,3 +200,29 @@ def publish(result: Result, cfg: DictConfig, s, diagnosed: str | None, run_dir: 
             if client is not None:
                 client.log_figure(tracker.run_id, fig, f"{stem}.png")
     result.run_id = tracker.run_id
+    if diagnosed and client is not None and tracker.run_id:
+        mark_diagnosed(client, diagnosed, result, tags, tracker.run_id)
+
+
+def verdict_note(result: Result) -> str:
+    """The diagnose run's description in MLflow's UI: the verdict line first, then its evidence."""
+    v = result.verdict
+    lines = [f"**ampgan verdict: {v.name}**: {v.headline}", ""]
+    lines += [f"- {e}" for e in v.evidence]
+    if v.fixes:
+        lines += ["", "Fixes: " + "; ".join(f"`{f.text}`" for f in v.fixes)]
+    return "\n".join(lines)
+
+
+def mark_diagnosed(client, run_id: str, result: Result, tags: dict, diagnosis_id: str) -> None:
+    """The verdict where the run is: tags on the diagnosed run, with a link to its diagnosis."""
+    from ampgan.tracking.tracker import run_link
+
+    v = result.verdict
+    located = result.analysis.located
+    marks = {"ampgan.verdict": v.name, "ampgan.verdict.line": v.headline, "ampgan.verdict.cell": v.layer or "-",
+             "ampgan.verdict.op": located.describe() if located is not None else "-",
+             "ampgan.verdict.fix": tags.get("ampgan.fix", "-"), "ampgan.diagnosis": diagnosis_id,
+             "ampgan.diagnosis.link": run_link(client.get_run(diagnosis_id).info.experiment_id, diagnosis_id)}
+    for key, value in marks.items():
+        client.set_tag(run_id, key, str(value)[:5000])

@@ -192,7 +192,7 @@ def expand(config: DictConfig) -> list[list[str]]:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from ampgan.config.hydra_compat import BasicSweeper
+    from ampgan.config.hydra_compat import basic_sweeper
     from ampgan.config.schema import CONF_DIR
 
     params = config.hydra.sweeper.get("params")
@@ -203,7 +203,7 @@ def expand(config: DictConfig) -> list[list[str]]:
         initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3")
     try:
         parser = OverridesParser.create(config_loader=GlobalHydra.instance().hydra.config_loader)
-        batches = BasicSweeper.split_arguments(parser.parse_overrides(words), None)
+        batches = basic_sweeper().split_arguments(parser.parse_overrides(words), None)
     finally:
         if fresh:
             GlobalHydra.instance().clear()

@@ -300,17 +300,28 @@ def this_process() -> tuple[int, float]:
     return os.getpid(), psutil.Process(os.getpid()).create_time()
 
 
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")  # MLflow's UI: the training view
+
+
 def ensure_experiment(client, name: str, artifact_root: str | None) -> str:
+    """The id of experiment `name`, created if missing; tagged as a model-training experiment, so
+    that MLflow's UI opens it in its training view (runs, charts), not the GenAI one."""
     exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    try:
-        return client.create_experiment(name, artifact_location=artifact_root)
-    except Exception:  # created meanwhile by a parallel job
-        exp = client.get_experiment_by_name(name)
-        if exp is None:
-            raise
-        return exp.experiment_id
+    if exp is None:
+        try:
+            return client.create_experiment(name, artifact_location=artifact_root, tags=dict([EXPERIMENT_KIND]))
+        except Exception:  # created meanwhile by a parallel job
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+    if exp.tags.get(EXPERIMENT_KIND[0]) != EXPERIMENT_KIND[1]:  # a store made before ampgan tagged it
+        client.set_experiment_tag(exp.experiment_id, *EXPERIMENT_KIND)
+    return exp.experiment_id
+
+
+def run_link(experiment_id: str, run_id: str) -> str:
+    """A run's page in MLflow's UI (training view), relative to the server's address."""
+    return f"#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
 
 
 def build_tracker(cfg, run_dir: Path | None = None):

@@ -11,6 +11,11 @@ from ampgan.config.schema import outputs_dir
 from ampgan.tracking.tracker import default_artifact_root, ensure_experiment
 
 
+def training_view(host: str, port: int, experiment_id: str) -> str:
+    """The page `make ui` opens on: the runs table of an experiment, in MLflow's training view."""
+    return f"http://{host}:{port}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+
+
 def main(argv: list[str]) -> int:
     """`python -m ampgan.tracking ui [--port P] [--host H]`: serve the dashboard on the embedded store."""
     parser = argparse.ArgumentParser(prog="python -m ampgan.tracking ui",
@@ -23,8 +28,12 @@ def main(argv: list[str]) -> int:
     uri = f"sqlite:///{db}"
     from mlflow.tracking import MlflowClient
 
-    ensure_experiment(MlflowClient(uri), "ampgan", default_artifact_root(uri))  # creates the store
-    print(f"MLflow dashboard on http://{args.host}:{args.port}  (store: {db}; Ctrl-C stops)", flush=True)
+    client = MlflowClient(uri)
+    exp_id = ensure_experiment(client, "ampgan", default_artifact_root(uri))  # creates the store
+    for exp in client.search_experiments():  # every experiment of the store opens in the training view
+        ensure_experiment(client, exp.name, None)
+    print(f"MLflow dashboard on http://{args.host}:{args.port}  (store: {db}; Ctrl-C stops)\n"
+          f"ampgan's runs: {training_view(args.host, args.port, exp_id)}", flush=True)
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
            "--host", args.host, "--port", str(args.port), "--workers", "1"]

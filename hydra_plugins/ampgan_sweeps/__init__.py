@@ -24,7 +24,9 @@ from typing import Any
 from hydra.core.utils import JobReturn
 from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
 
-from ampgan.config.hydra_compat import BasicSweeper
+from ampgan.config.hydra_compat import basic_sweeper
+
+BasicSweeper = basic_sweeper()  # loaded by Hydra's plugin scan right before this module
 
 log = logging.getLogger("ampgan")
 
