@@ -201,7 +201,7 @@ def publish(result: Result, cfg: DictConfig, s, diagnosed: str | None, run_dir: 
                 client.log_figure(tracker.run_id, fig, f"{stem}.png")
     result.run_id = tracker.run_id
     if diagnosed and client is not None and tracker.run_id:
-        mark_diagnosed(client, diagnosed, result, tags, tracker.run_id)
+        mark_diagnosed(client, diagnosed, result, tags, tracker.experiment_id, tracker.run_id)
 
 
 def verdict_note(result: Result) -> str:
@@ -214,15 +214,16 @@ def verdict_note(result: Result) -> str:
     return "\n".join(lines)
 
 
-def mark_diagnosed(client, run_id: str, result: Result, tags: dict, diagnosis_id: str) -> None:
-    """The verdict where the run is: tags on the diagnosed run, with a link to its diagnosis."""
-    from ampgan.tracking.tracker import run_link
+def mark_diagnosed(client, run_id: str, result: Result, tags: dict, experiment_id: str, diagnosis_id: str) -> None:
+    """The verdict where the run is: tags on the diagnosed run, with a link to its diagnosis (one request)."""
+    from mlflow.entities import RunTag
+
+    from ampgan.tracking.tracker import mlflow_value, run_link
 
     v = result.verdict
     located = result.analysis.located
     marks = {"ampgan.verdict": v.name, "ampgan.verdict.line": v.headline, "ampgan.verdict.cell": v.layer or "-",
              "ampgan.verdict.op": located.describe() if located is not None else "-",
              "ampgan.verdict.fix": tags.get("ampgan.fix", "-"), "ampgan.diagnosis": diagnosis_id,
-             "ampgan.diagnosis.link": run_link(client.get_run(diagnosis_id).info.experiment_id, diagnosis_id)}
-    for key, value in marks.items():
-        client.set_tag(run_id, key, str(value)[:5000])
+             "ampgan.diagnosis.link": run_link(experiment_id, diagnosis_id)}
+    client.log_batch(run_id, tags=[RunTag(key, mlflow_value(value, 5000)) for key, value in marks.items()])
