@@ -43,10 +43,10 @@ train: install  ## run the default experiment, logged to the embedded MLflow sto
 	$(PY) -m ampgan.train $(ARGS)
 
 test: install browser services  ## the fast test suite
-	$(PY) -m pytest -q -m "not slow" --durations=15 $(ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" --durations=15 $(ARGS)
 
 test-full: install browser services  ## every test, the slow quality runs and sweeps included
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadfile $(ARGS)
 
 bench: install  ## benchmark ampgan against a bare MindSpore loop (outputs/bench/)
 	$(PY) -m experiments.bench $(ARGS)

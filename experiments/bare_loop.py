@@ -24,7 +24,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import amp, mint, ops
 
-from ampgan.models import Classifier, Critic, Generator
+from ampgan.models import Critic, Generator
 
 FETCH_EVERY = 100  # iterations between two loss fetches (a hand-written loop's occasional print)
 
@@ -116,11 +116,12 @@ class BareWganGp:
 
 
 class BareClassifier:
-    def __init__(self, x_train: np.ndarray, y_train: np.ndarray, *, n_classes: int, width: int, batch_size: int,
+    def __init__(self, x_train: np.ndarray, y_train: np.ndarray, *, make_net, batch_size: int,
                  lr: float, betas: tuple[float, float], amp_level: str, init_scale: float, factor: int,
                  window: int, seed: int = 0):
+        """`make_net()`: the net, built after the seed is set (the bench builds ampgan's target)."""
         ms.set_seed(seed)
-        net = Classifier(x_train.shape[1:], n_classes, width)
+        net = make_net()
         net.update_parameters_name("bare_classifier.")
         if amp_level != "O0":
             net = amp.auto_mixed_precision(net, amp_level)

@@ -172,8 +172,14 @@ def _bare_wgan_gp(s: Settings, data: Dataset) -> BareWganGp:
 
 
 def _bare_classifier(s: Settings, data: Dataset) -> BareClassifier:
+    from ampgan.tasks.targets import data_shape_args, instantiate
+
     m, sc = s.model, s.scaler
-    return BareClassifier(data.x_train, data.y_train, n_classes=data.n_classes, width=m.width,
+
+    def make_net():  # the same model.net target ampgan builds, with the same data arguments
+        return instantiate(m.net, "model.net", data_shape_args(data.sample_shape, data.n_classes))[0]
+
+    return BareClassifier(data.x_train, data.y_train, make_net=make_net,
                           batch_size=s.trainer.batch_size, lr=m.lr, betas=tuple(m.betas), amp_level=s.amp.level,
                           init_scale=sc.init_scale, factor=sc.factor, window=sc.window, seed=s.trainer.seed)
 

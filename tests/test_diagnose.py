@@ -31,7 +31,7 @@ from ampgan.diagnose.verdict import decide
 from ampgan.diagnose.probe import COMPARE_FIELDS, compare_gradients, make_loader
 from tests.conftest import ROOT, all_runs
 
-TINY = ["model=classifier", "data=gaussians8", "model.width=8", "trainer.batch_size=16", "tracking=none",
+TINY = ["model=classifier", "data=gaussians8", "+model.net.width=8", "trainer.batch_size=16", "tracking=none",
         "amp=o2", "scaler=static", "scaler.init_scale=8"]
 
 

@@ -116,7 +116,7 @@ CHECK_CASES: dict[str, tuple[list[str], str]] = {
     "negative threads": (["hardware.threads=-2"], "hardware.threads must be >= 0"),
     "threshold above one": (["scaler=underflow_aware", "scaler.underflow_threshold=1.5"], "scaler.underflow_threshold"),
     "odd image size": (["model=classifier", "data=digits", "data.image_size=12"], "data.image_size must be 8 or 16"),
-    "10000-digit width": ([f"model.width={DIGITS}", "model=classifier", "data=digits"], "more than 4300 digits"),
+    "10000-digit width": ([f"model.hidden={DIGITS}"], "more than 4300 digits"),
     "option in capitals": (["amp=O2"], "amp=O2: no such option (did you mean o2?)"),
     "unknown data set name": (["data.name=nope"], "unknown data set 'nope'"),
     "override without key": (["=5"], "the override names no key"),

@@ -131,7 +131,7 @@ def task_nets(kind: str) -> dict[str, nn.Cell]:
     elif kind == "gan_images":
         nets = {"gen": Generator(8, (1, 8, 8), 8, 2), "critic": Critic((1, 8, 8), 8, 2)}
     else:
-        nets = {"": Classifier((1, 8, 8), 10, 8)}
+        nets = {"": Classifier((1, 8, 8), 10, width=8)}
     for root, net in nets.items():
         if root:
             net.update_parameters_name(f"{root}.")

@@ -168,13 +168,13 @@ JOB_AFTER_AN_EDIT = textwrap.dedent("""
 
     x = ms.Tensor(np.zeros((4, 1, 8, 8), np.float32))
     pin()  # the first job of a worker
-    make(mod.Classifier((1, 8, 8), 10, 8))(x)
+    make(mod.Classifier((1, 8, 8), 10, width=8))(x)
     with open(mod.__file__) as f:
         source = f.read()
     with open(mod.__file__, "w") as f:  # another developer edits the file while the worker lives
         f.write("# edited\\n" * 22 + source)
     pin()  # the worker's next job
-    print("next job:", make(mod.Classifier((1, 8, 8), 10, 8))(x).shape)
+    print("next job:", make(mod.Classifier((1, 8, 8), 10, width=8))(x).shape)
 """)
 
 

@@ -76,21 +76,24 @@ class WganGpConfig:
 
 @dataclass
 class ClassifierConfig:
-    """A backbone (small CNN with BatchNorm, or an MLP for 2-D data) plus a Dense head."""
+    """A net mapping samples to logits, a loss on (logits, labels), Adam. `net` and `loss` are
+    Hydra `_target_` nodes built by `instantiate`; a user's net takes the data's shape by name
+    (ampgan.tasks.targets)."""
 
     name: str = "classifier"
-    width: int = 32
+    # a mindspore.nn.Cell mapping samples to (batch, classes) logits; ampgan's own: a small CNN with
+    # BatchNorm (images) or an MLP (points), then a Dense head (+model.net.width=64 widens it)
+    net: Any = field(default_factory=lambda: {"_target_": "ampgan.models.Classifier"})
+    # a Cell or function (logits, int32 labels) -> scalar loss that graph mode compiles
+    loss: Any = field(default_factory=lambda: {"_target_": "mindspore.nn.CrossEntropyLoss"})
     lr: float = 3e-3
     betas: tuple[float, float] = (0.9, 0.999)
-    logit_scale: float = 1.0   # the head multiplies its logits by this (diagnose's planted cases; 1: off)
-    norm_scale: float = 0.0    # > 0: cosine head on features x this (diagnose's planted cases; 0: off)
-    feature_offset: float = 0.0  # > 0: the head centres features + this (diagnose's planted cases; 0: off)
 
     def __post_init__(self) -> None:
-        require(self.logit_scale > 0, f"model.logit_scale must be > 0, got {self.logit_scale}")
-        require(self.norm_scale >= 0, f"model.norm_scale must be >= 0, got {self.norm_scale}")
-        require(self.feature_offset >= 0, f"model.feature_offset must be >= 0, got {self.feature_offset}")
-        _check_size("model.width", self.width, MAX_WIDTH)
+        from ampgan.config.targets import resolve_target
+
+        for key in ("net", "loss"):
+            resolve_target(getattr(self, key), f"model.{key}")  # imports it: a sweep's preflight stops a bad one
         _check_adam("model", self.lr, self.betas)
 
 

@@ -83,7 +83,7 @@ def probes(task, jit: bool) -> dict[str, Probe]:
                               task.optimizers["gen.opt"], sg, GENERATOR_LOSSES, jit),
         }
     sc = task.scalers["scaler"]
-    return {"train": make_probe(classifier_loss_fn(task.net_amp, sc, task.fp32_loss), task.net_amp.trainable_params(),
+    return {"train": make_probe(classifier_loss_fn(task.net_amp, task.loss, sc, task.fp32_loss), task.net_amp.trainable_params(),
                                 task.optimizers["opt"], sc, LOSSES, jit)}
 
 

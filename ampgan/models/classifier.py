@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mindspore import nn, ops
+from mindspore import nn
 
 from ampgan.models.layers import mlp
 
@@ -30,42 +30,24 @@ class Backbone(nn.Cell):
 
 
 class Head(nn.Cell):
-    """Dense logits. Two knobs for diagnose's planted cases, both off by default, computed inside
-    the head and so in the head's precision under AMP:
-    `logit_scale` multiplies the logits (large: float16 rounds them coarsely);
-    `norm_scale` > 0 makes it a cosine head: the features, times norm_scale, are divided by their
-    L2 norm before the Dense (the scale cancels; large: float16's sum of squares overflows);
-    `feature_offset` > 0: the features, plus the offset, are centred (their mean over features
-    subtracted: the offset cancels; large: float16 keeps 11 significant bits of features + offset,
-    so 1e3 rounds the features to steps of 0.5 before the cancellation: precision, not range)."""
+    """Dense logits."""
 
-    def __init__(self, in_features: int, n_classes: int, logit_scale: float = 1.0, norm_scale: float = 0.0,
-                 feature_offset: float = 0.0):
+    def __init__(self, in_features: int, num_classes: int):
         super().__init__()
-        self.fc = nn.Dense(in_features, n_classes)
-        self.logit_scale = float(logit_scale)
-        self.norm_scale = float(norm_scale)
-        self.feature_offset = float(feature_offset)
+        self.fc = nn.Dense(in_features, num_classes)
 
     def construct(self, features):
-        if self.feature_offset > 0:
-            shifted = features + self.feature_offset
-            features = shifted - shifted.mean(-1, keep_dims=True)
-        if self.norm_scale > 0:
-            x = features * self.norm_scale
-            features = x / ops.sqrt(ops.square(x).sum(-1, keepdims=True) + 1e-6)
-        logits = self.fc(features)
-        if self.logit_scale != 1.0:
-            logits = logits * self.logit_scale
-        return logits
+        return self.fc(features)
 
 
 class Classifier(nn.Cell):
-    def __init__(self, sample_shape: tuple[int, ...], n_classes: int, width: int, logit_scale: float = 1.0,
-                 norm_scale: float = 0.0, feature_offset: float = 0.0):
+    """ampgan's own classifier, the default `model.net`: the task passes `sample_shape` and
+    `num_classes` from the data (ampgan.tasks.targets)."""
+
+    def __init__(self, sample_shape: tuple[int, ...], num_classes: int, width: int = 32):
         super().__init__()
-        self.backbone = Backbone(sample_shape, width)
-        self.head = Head(self.backbone.out_features, n_classes, logit_scale, norm_scale, feature_offset)
+        self.backbone = Backbone(tuple(sample_shape), width)
+        self.head = Head(self.backbone.out_features, num_classes)
 
     def forward_features(self, x):
         return self.backbone(x)

@@ -1,4 +1,4 @@
-"""The classifier task: one net, softmax cross-entropy, accuracy; the confusion matrix."""
+"""The classifier task: a user's (or ampgan's) net and loss from `_target_`s, accuracy; the confusion matrix."""
 
 from __future__ import annotations
 
@@ -11,20 +11,22 @@ from ampgan.amp.scalers import build_scaler
 from ampgan.config.schema import Settings
 from ampgan.data import Batches, Dataset
 from ampgan.tasks.metrics import confusion_matrix, softmax_cross_entropy
-from ampgan.models import Classifier
 from ampgan.steps.classifier import build_classifier_step
 from ampgan.tasks.base import NetState, TaskBase, health_fn
+from ampgan.tasks.targets import build_net, check_classifier_fits, data_shape_args, instantiate
 
 
 class ClassifierTask(TaskBase):
     objective = "eval/accuracy"
     direction = "maximize"
-    GRAPH_ATTRS = TaskBase.GRAPH_ATTRS + ("net", "net_amp")
+    GRAPH_ATTRS = TaskBase.GRAPH_ATTRS + ("net", "net_amp", "loss")
 
     def __init__(self, s: Settings, data: Dataset):
         self.data = data
-        self.net = Classifier(data.sample_shape, data.n_classes, s.model.width, s.model.logit_scale,
-                              s.model.norm_scale, s.model.feature_offset)
+        self.net, self.net_args = build_net(s.model.net, "model.net",
+                                            data_shape_args(data.sample_shape, data.n_classes))
+        self.loss, _ = instantiate(s.model.loss, "model.loss")
+        check_classifier_fits(self.net, self.loss, data.x_train, data.y_train, data.n_classes)
         self.fp32_loss = s.amp.fp32_loss
         check_keep_paths({"": self.net}, s.amp.keep_fp32)
         net_amp = apply_amp(self.net, s.amp.level, s.amp.keep_fp32)
@@ -35,7 +37,7 @@ class ClassifierTask(TaskBase):
         self.optimizers = {"opt": opt}
         self.scalers = {"scaler": build_scaler(s.scaler, "scaler")}
         self.rngs = {}
-        step = build_classifier_step(net_amp, opt, self.scalers["scaler"], health_fn(s),
+        step = build_classifier_step(net_amp, self.loss, opt, self.scalers["scaler"], health_fn(s),
                                      fp32_loss=s.amp.fp32_loss, jit=s.hardware.jit)
         self.state = NetState("train", step)
         self.batches = Batches(data.x_train, data.y_train, s.trainer.batch_size, s.trainer.seed)

@@ -1,0 +1,99 @@
+"""Users' own code through Hydra's `_target_`: nets and losses built by `hydra.utils.instantiate`,
+checked at the door so that a bad target costs one line and no run.
+
+A net's constructor gets the data's shape by name: each of `data_shape_args` that its signature
+names (not merely `**kwargs`) and its config does not set is passed from the data set, so
+`model.net._target_=mypkg.Net` is all a user writes. `mindcv.create_model` takes `num_classes`
+and `in_channels` this way.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from typing import Any
+
+import numpy as np
+
+from ampgan import AmpganError
+from ampgan.config.schema import closest
+from ampgan.config.targets import first_line, resolve_target
+
+def data_shape_args(sample_shape: tuple[int, ...], num_classes: int) -> dict[str, Any]:
+    """What a net may be given from the data: sample_shape ((C, H, W) or (F,)), num_classes,
+    in_channels (C, or F for points) and image_size (H, images only)."""
+    out: dict[str, Any] = {"sample_shape": tuple(sample_shape), "num_classes": int(num_classes),
+                           "in_channels": int(sample_shape[0])}
+    if len(sample_shape) == 3:
+        out["image_size"] = int(sample_shape[-1])
+    return out
+
+
+def _named_parameters(obj) -> set[str]:
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return set()
+    return {n for n, p in sig.parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def instantiate(node: dict, key: str, given: dict[str, Any] | None = None):
+    """Build `node` with `hydra.utils.instantiate`, adding those of `given` that the target names
+    and the node does not set; any failure is one AmpganError line naming `key`."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate as hydra_instantiate
+
+    target, obj = node["_target_"], resolve_target(node, key)
+    named = _named_parameters(obj)
+    extra = {k: v for k, v in (given or {}).items() if k in named and k not in node}
+    try:
+        return hydra_instantiate(node, **extra), extra
+    except InstantiationException as err:
+        cause = err.__cause__ or err
+        msg = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+        args = ", ".join(f"{k}={v}" for k, v in {**{k: v for k, v in node.items() if not k.startswith("_")},
+                                                 **extra}.items())
+        bad = re.search(r"unexpected keyword argument '([^']+)'", msg)
+        hint = closest(bad.group(1), named) if bad else ""
+        raise AmpganError(f"{key}: {target}({args}) failed: {type(cause).__name__}: {msg}{hint}") from None
+
+
+def build_net(node: dict, key: str, given: dict[str, Any]):
+    """A `mindspore.nn.Cell` with trainable parameters, from `node`; (net, the data args it was given)."""
+    from mindspore import nn
+
+    net, extra = instantiate(node, key, given)
+    if not isinstance(net, nn.Cell):
+        raise AmpganError(f"{key}: {node['_target_']} gave a {type(net).__name__}, not a mindspore.nn.Cell")
+    if not net.trainable_params():
+        raise AmpganError(f"{key}: {node['_target_']} has no trainable parameters: nothing to train")
+    return net, extra
+
+
+def check_classifier_fits(net, loss, x: np.ndarray, y: np.ndarray, num_classes: int, key: str = "model.net") -> None:
+    """One FP32 forward pass on two training samples: the net must map them to (2, num_classes)
+    logits that the loss accepts. Any failure is one line naming what to change."""
+    import mindspore as ms
+
+    x, y = x[:2], y[:2]
+    training = net.training
+    net.set_train(False)  # BatchNorm's moving statistics stay as they are
+    try:
+        out = net(ms.Tensor(x))
+    except Exception as err:  # noqa: BLE001 - the user's construct: one line with its reason
+        raise AmpganError(f"{key}: the net does not take the data's samples of shape {tuple(x.shape)} "
+                          f"({type(err).__name__}: {first_line(err)})") from None
+    finally:
+        net.set_train(training)
+    shape = tuple(getattr(out, "shape", ()))
+    if shape != (len(x), num_classes):
+        raise AmpganError(f"{key}: the net maps samples of shape {tuple(x.shape)} to {shape or type(out).__name__}; "
+                          f"the loss needs logits of shape ({len(x)}, {num_classes}) for the {num_classes} classes "
+                          "of the data")
+    try:
+        value = loss(out.astype(ms.float32), ms.Tensor(y))
+    except Exception as err:  # noqa: BLE001
+        raise AmpganError(f"model.loss: does not take logits {shape} and labels {tuple(y.shape)} "
+                          f"({type(err).__name__}: {first_line(err)})") from None
+    if tuple(getattr(value, "shape", (0,))) not in ((), (1,)):
+        raise AmpganError(f"model.loss: must return one number per batch, got shape {tuple(value.shape)}")

@@ -1,0 +1,153 @@
+"""A user's own net through `model.net._target_`: a file outside the repo, on PYTHONPATH, trained,
+checkpointed, resumed, swept and diagnosed as ampgan's own; mindcv's resnet18; bad targets
+stopped at the door with one line and no run."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ampgan import AmpganError
+from ampgan.training.entry import train
+from tests.conftest import all_runs, compose_cfg, run_cli
+from tests.test_diagnose import run_diagnose
+
+USER_NETS = '''
+from mindspore import nn
+
+
+class TinyNet(nn.Cell):
+    """What a user writes: their own cell names, the data's shape by the names ampgan passes."""
+
+    def __init__(self, in_channels: int, num_classes: int, hidden: int = 16):
+        super().__init__()
+        self.features = nn.SequentialCell([nn.Conv2d(in_channels, hidden, 3, pad_mode="same"), nn.ReLU(),
+                                           nn.AdaptiveAvgPool2d(1), nn.Flatten()])
+        self.classify = nn.Dense(hidden, num_classes)
+
+    def construct(self, x):
+        return self.classify(self.features(x))
+
+
+class Frozen(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.flat = nn.Flatten()
+
+    def construct(self, x):
+        return self.flat(x)
+
+
+class FixedClasses(TinyNet):
+    def __init__(self, in_channels: int):
+        super().__init__(in_channels, 7)
+
+
+def broken_import():
+    import a_module_nobody_has  # noqa: F401
+'''
+
+OWN = ["model=classifier", "data=digits", "model.net._target_=mynets.TinyNet", "amp=o2", "scaler=dynamic"]
+SHORT = ["trainer=smoke", "trainer.max_steps=8", "trainer.log_every=1", "trainer.layer_health_every=4",
+         "trainer.checkpoint_every=4", "trainer.eval_every=0", "trainer.batch_size=32"]
+
+
+@pytest.fixture
+def user_package(tmp_path, monkeypatch) -> Path:
+    """`mynets.py` in a folder outside the repo, on PYTHONPATH (for this process and its children)."""
+    folder = tmp_path / "user_code"
+    folder.mkdir()
+    (folder / "mynets.py").write_text(textwrap.dedent(USER_NETS))
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.setenv("PYTHONPATH", str(folder))
+    return folder
+
+
+def test_a_users_net_trains_logs_its_own_names_checkpoints_and_resumes(user_package, outputs):
+    done = run_cli(*OWN, *SHORT, "amp.keep_fp32=[classify]", outputs=outputs)
+    assert done.returncode == 0, done.stderr[-2000:]
+    client, runs = all_runs(outputs)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    run = runs[0]
+    assert run.data.params["model.net._target_"] == "mynets.TinyNet"
+    keys = set(run.data.metrics)
+    # per-layer health under the user's own parameter names
+    assert {"grad/features.0.weight/underflow", "grad/classify.weight/max_abs"} <= keys, sorted(keys)[:20]
+    resumed = run_cli(*OWN, *SHORT, "trainer.max_steps=12", "amp.keep_fp32=[classify]",
+                      f"trainer.resume={run.info.run_id}", outputs=outputs)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    client, runs = all_runs(outputs)
+    assert len(runs) == 1, "the resumed run continues the same MLflow run"
+    steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, "train/loss")]
+    assert max(steps) == 12 and 8 in steps and 9 in steps
+
+
+def test_a_users_net_in_a_sweep_and_in_diagnose(user_package, outputs):
+    swept = run_cli("-m", *OWN[:3], "amp=o2", "scaler=static,dynamic", *SHORT, outputs=outputs)
+    assert swept.returncode == 0, swept.stderr[-2000:]
+    _, runs = all_runs(outputs)
+    jobs = [r for r in runs if "ampgan.sweep_parent" not in r.data.tags]
+    assert sorted(r.data.tags["scaler"] for r in jobs) == ["dynamic", "static"]
+    assert all(r.info.status == "FINISHED" and r.data.params["model.net._target_"] == "mynets.TinyNet" for r in runs)
+    diag = run_diagnose(*OWN, "trainer=smoke", "trainer.batch_size=32", "amp.keep_fp32=[classify]",
+                        "tracking=none", outputs=outputs)
+    assert diag.returncode == 0, diag.stderr[-2000:]
+    assert "classify.weight" in diag.stdout and "features.0.weight" in diag.stdout
+
+
+DOOR = {
+    "target that does not import": (["model.net._target_=nope.Net"],
+                                    "model.net._target_=nope.Net: cannot import it (ModuleNotFoundError: No module named 'nope')"),
+    "missing dependency inside the user's module": (["model.net._target_=mynets.broken_import"],
+                                                    "No module named 'a_module_nobody_has'"),
+    "argument the net does not take": (["model.net._target_=mynets.TinyNet", "+model.net.hiden=8"],
+                                       "unexpected keyword argument 'hiden' (did you mean hidden?)"),
+    "output that does not fit the loss": (["model.net._target_=mynets.FixedClasses"],
+                                          "to (2, 7); the loss needs logits of shape (2, 10)"),
+    "net with no trainable parameters": (["model.net._target_=mynets.Frozen"], "has no trainable parameters"),
+    "net that does not take the samples": (["model.net._target_=mindspore.nn.Dense", "+model.net.in_channels=3",
+                                            "+model.net.out_channels=10"], "does not take the data's samples"),
+    "loss that does not take logits and labels": (["model.loss._target_=mindspore.nn.MSELoss"],
+                                                  "model.loss: does not take logits (2, 10) and labels (2,)"),
+    "keep_fp32 path the net does not have": (["model.net._target_=mynets.TinyNet", "amp.keep_fp32=[clasify]"],
+                                             "clasify"),
+    "target that is no cell": (["model.net._target_=builtins.dict"], "not a mindspore.nn.Cell"),
+}
+
+
+@pytest.mark.parametrize("case", DOOR)
+def test_bad_user_code_is_one_line_and_no_run(case, user_package, outputs):
+    overrides, message = DOOR[case]
+    with pytest.raises(AmpganError) as err:
+        train(compose_cfg("model=classifier", "data=digits", "trainer=smoke", "amp=o2", *overrides))
+    assert message in str(err.value) and "\n" not in str(err.value)
+    _, runs = all_runs(outputs)
+    assert runs == []
+
+
+def test_the_command_line_says_it_in_one_line(user_package, outputs):
+    done = run_cli("model=classifier", "data=digits", "model.net._target_=mynets.Frozen", outputs=outputs)
+    assert done.returncode != 0
+    errors = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert errors == ["ampgan: error: model.net: mynets.Frozen has no trainable parameters: nothing to train"], errors
+
+
+MINDCV = ["model=classifier", "data=digits", "data.image_size=16", "model.net._target_=mindcv.create_model",
+          "+model.net.model_name=resnet18", "amp=o2", "trainer=smoke", "trainer.max_steps=3", "trainer.batch_size=16",
+          "trainer.eval_every=0", "trainer.log_every=1"]
+
+
+@pytest.mark.parametrize("scaler", ["dynamic", pytest.param("static", marks=pytest.mark.slow),
+                                    pytest.param("none", marks=pytest.mark.slow),
+                                    pytest.param("fixed_clip", marks=pytest.mark.slow),
+                                    pytest.param("underflow_aware", marks=pytest.mark.slow)])
+def test_mindcv_resnet18_trains_under_o2(scaler, outputs):
+    done = run_cli(*MINDCV, f"scaler={scaler}", outputs=outputs)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Cell.__del__" not in done.stderr, "mindcv's cells must not print tracebacks at exit"
+    client, runs = all_runs(outputs)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert "grad/layer4.1.conv2.weight/underflow" in runs[0].data.metrics
+    assert runs[0].data.metrics["train/steps"] == 3
