@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import mindspore as ms
 import numpy as np
-from mindspore import nn, ops
+from mindspore import nn
 
 from ampgan.amp.float16 import FP16_MAX
 from ampgan.amp.health import HEALTH_FIELDS
@@ -85,22 +85,10 @@ class _Recorder:
             h.remove()
 
 
-def _forward(task, net: str, inputs) -> None:
-    if net == "critic":
-        real, z, _ = inputs
-        fake = ops.stop_gradient(task.gen_amp(z))
-        task.critic_amp(real)
-        task.critic_amp(fake)
-    elif net == "gen":
-        task.critic_amp(task.gen_amp(*inputs))
-    else:
-        task.net_amp(inputs[0])
-
-
 def _peaks(task, roots, net, inputs) -> list[tuple[str, float, bool]]:
     rec = _Recorder(roots)
     try:
-        _forward(task, net, inputs)
+        task.forward(net, inputs)
     finally:
         rec.close()
     return rec.seen
@@ -118,14 +106,14 @@ def locate(task, fp32_task, roots, fp32_roots, ref_step, status, load_fp32_weigh
     for path, peak, is_fp32, clean_in in amp_seen:  # the origin: bad output from clean inputs
         if clean_in and (not np.isfinite(peak) or (is_fp32 and peak > FP16_MAX)):
             return Located(ref_step.iteration, net, "forward", path, peak, fp32_seen.get(path, float("nan")))
-    if net == "critic":
-        real, z, alpha = inputs
-        fake = ops.stop_gradient(task.gen_amp(z))
-        peak, nonfinite = make_inner_gradient_probe(task.critic_gp, jit=False)(real, fake, alpha).asnumpy()
+    penalty = task.penalty(net, inputs)   # the optional hook: a gradient penalty's inner gradient
+    if penalty is not None:
+        root, gp_net, args = penalty
+        peak, nonfinite = make_inner_gradient_probe(gp_net, jit=False)(*args).asnumpy()
         if nonfinite > 0 or not np.isfinite(peak):
-            fake32 = ops.stop_gradient(fp32_task.gen_amp(z))
-            peak32, _ = make_inner_gradient_probe(fp32_task.critic_gp, jit=False)(real, fake32, alpha).asnumpy()
-            first = _first_layer(roots["critic"])
+            _, gp_net32, args32 = fp32_task.penalty(net, inputs)
+            peak32, _ = make_inner_gradient_probe(gp_net32, jit=False)(*args32).asnumpy()
+            first = _first_layer(root, roots[root])
             return Located(ref_step.iteration, net, "gp_inner", first, float("inf"), float(peak32))
     nf = status.health[:, HEALTH_FIELDS.index("nonfinite")]
     names = ref_step_names(task, net)
@@ -135,18 +123,14 @@ def locate(task, fp32_task, roots, fp32_roots, ref_step, status, load_fp32_weigh
     return Located(ref_step.iteration, net, "loss", "loss", float("nan"), float("nan"))
 
 
-def _first_layer(critic: nn.Cell) -> str:
-    """The critic's first cell with its own parameters: where the inner gradient reaches the input."""
-    paths = cell_paths({"critic": critic})
-    for _, cell in critic.cells_and_names():
+def _first_layer(root: str, net: nn.Cell) -> str:
+    """The net's first cell with its own parameters: where the inner gradient reaches the input."""
+    paths = cell_paths({root: net})
+    for _, cell in net.cells_and_names():
         if id(cell) in paths and not isinstance(cell, KeepFP32) and list(cell.get_parameters(expand=False)):
             return paths[id(cell)]
-    return "critic"
+    return root
 
 
 def ref_step_names(task, net: str) -> tuple[str, ...]:
-    if net == "critic":
-        return tuple(p.name for p in task.critic_amp.trainable_params())
-    if net == "gen":
-        return tuple(p.name for p in task.gen_amp.trainable_params())
-    return tuple(p.name for p in task.net_amp.trainable_params())
+    return tuple(p.name for p in task.optimised()[net].params)

@@ -26,9 +26,7 @@ from ampgan.training import checkpoint, hardware
 from ampgan.amp.scalers import NoneScalerConfig
 from ampgan.config.schema import AmpConfig, Settings
 from ampgan.data import Dataset
-from ampgan.steps.classifier import LOSSES, classifier_loss_fn
 from ampgan.steps.common import StepStatus
-from ampgan.steps.gan import CRITIC_LOSSES, GENERATOR_LOSSES, critic_loss_fn, generator_loss_fn
 from ampgan.diagnose.probe import COMPARE_FIELDS, Probe, compare_gradients, make_loader, make_probe
 from ampgan.tasks import build_task
 
@@ -62,29 +60,18 @@ def build_seeded(s: Settings, data: Dataset, start: Path | None = None):
 # ---------------------------------------------------------------- what diagnose needs of a task
 def roots(task) -> dict[str, ms.nn.Cell]:
     """The task's nets by the root name keep-list paths use ("critic", "gen"; "" for the classifier)."""
-    if hasattr(task, "critic"):
-        return {"gen": task.gen, "critic": task.critic}
-    return {"": task.net}
+    return task.roots()
 
 
 def net_parameters(task) -> list[ms.Parameter]:
     """Every Parameter of the task's nets (BatchNorm statistics included), in a fixed order."""
-    return [p for net in roots(task).values() for p in net.get_parameters()]
+    return task.net_parameters()
 
 
 def probes(task, jit: bool) -> dict[str, Probe]:
-    """One probe per optimised net, built from the task's own nets, optimizers and scalers."""
-    if hasattr(task, "critic"):
-        sd, sg = task.scalers["critic.scaler"], task.scalers["gen.scaler"]
-        return {
-            "critic": make_probe(critic_loss_fn(task.gen_amp, task.critic_amp, task.critic_gp, sd, task.gp_lambda),
-                                 task.critic_amp.trainable_params(), task.optimizers["critic.opt"], sd, CRITIC_LOSSES, jit),
-            "gen": make_probe(generator_loss_fn(task.gen_amp, task.critic_amp, sg), task.gen_amp.trainable_params(),
-                              task.optimizers["gen.opt"], sg, GENERATOR_LOSSES, jit),
-        }
-    sc = task.scalers["scaler"]
-    return {"train": make_probe(classifier_loss_fn(task.net_amp, task.loss, sc, task.fp32_loss), task.net_amp.trainable_params(),
-                                task.optimizers["opt"], sc, LOSSES, jit)}
+    """One probe per optimised net, built from the task's own nets, losses, optimizers and scalers."""
+    return {name: make_probe(o.loss_fn(o.scaler), o.params, o.optimizer, o.scaler, o.losses, jit)
+            for name, o in task.optimised().items()}
 
 
 def snapshot(params) -> tuple[ms.Tensor, ...]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 import mindspore as ms
 import numpy as np
@@ -91,8 +93,33 @@ class NetState:
             setattr(self, k, int(counters[k]))
 
 
+@dataclass(frozen=True)
+class Optimised:
+    """One optimised net as the task trains it: diagnose's probes are built from these, so they
+    compute exactly the task's own loss and gradients.
+
+    `loss_fn(scaler)` returns `f(*inputs) -> (scaled loss, stack(losses))` for one sub-step's inputs."""
+
+    net: ms.nn.Cell                 # the net as trained (AMP applied)
+    loss_fn: Callable
+    optimizer: object
+    scaler: object
+    losses: tuple[str, ...]         # the names of the status's losses
+
+    @property
+    def params(self) -> list[ms.Parameter]:
+        return self.net.trainable_params()
+
+
 class TaskBase:
-    """What the loop asks of every task beyond its own step: drained metrics, health, divergence, state.
+    """The task protocol: what the loop, checkpoints and diagnose ask of every task.
+
+    The loop: `train_step`, `metrics`, `layer_health`, `nonfinite_run`, `evaluate`, pictures.
+    Diagnose: `roots()` (the nets by the root name keep-list paths use), `optimised()` (one
+    `Optimised` per sub-step name, in `step_inputs` order), `step_inputs()`, `forward(name,
+    inputs)` (the forward passes of one sub-step, for locate's hooks) and the optional hook
+    `penalty(name, inputs)` (a gradient penalty's net and arguments, or None). Nothing outside
+    a task asks what kind of model it has.
 
     A subclass sets `nets`, `optimizers` and `scalers` (name -> object) and `rngs` (name -> NumPy Generator
     used while training) and implements `states()`; checkpoints then hold everything a run needs to
@@ -109,8 +136,28 @@ class TaskBase:
     # scalers): `ampgan.graph_pool` hands a pooled task's to a fresh task of the same structure
     GRAPH_ATTRS: tuple[str, ...] = ("nets", "optimizers", "scalers")
 
+    has_penalty = False   # a gradient penalty (a second-order gradient): diagnose checks it against finite differences
+
     def states(self) -> list[NetState]:
         raise NotImplementedError
+
+    def roots(self) -> dict[str, ms.nn.Cell]:
+        raise NotImplementedError
+
+    def optimised(self) -> dict[str, Optimised]:
+        raise NotImplementedError
+
+    def forward(self, name: str, inputs: tuple) -> None:
+        raise NotImplementedError
+
+    def penalty(self, name: str, inputs: tuple):
+        """(root, net, (real, fake, alpha)) of sub-step `name`'s gradient penalty, or None: it has
+        none. `root` names the net in `roots()` whose input the penalty's inner gradient reaches."""
+        return None
+
+    def net_parameters(self) -> list[ms.Parameter]:
+        """Every Parameter of the task's nets (BatchNorm statistics included), in a fixed order."""
+        return [p for net in self.roots().values() for p in net.get_parameters()]
 
     def metrics(self) -> list[tuple[int, dict[str, float]]]:
         """Fetch the statuses of the steps since the last call: (last step, metrics) per net."""

@@ -11,8 +11,8 @@ from ampgan.amp.scalers import build_scaler
 from ampgan.config.schema import Settings
 from ampgan.data import Batches, Dataset
 from ampgan.tasks.metrics import confusion_matrix, softmax_cross_entropy
-from ampgan.steps.classifier import build_classifier_step
-from ampgan.tasks.base import NetState, TaskBase, health_fn
+from ampgan.steps.classifier import LOSSES, build_classifier_step, classifier_loss_fn
+from ampgan.tasks.base import NetState, Optimised, TaskBase, health_fn
 from ampgan.tasks.targets import build_net, check_classifier_fits, data_shape_args, instantiate
 
 
@@ -44,6 +44,16 @@ class ClassifierTask(TaskBase):
 
     def states(self) -> list[NetState]:
         return [self.state]
+
+    def roots(self) -> dict[str, ms.nn.Cell]:
+        return {"": self.net}   # keep-list paths name the net's own cells: `head`, `layer4.1.conv2`
+
+    def optimised(self) -> dict[str, Optimised]:
+        return {"train": Optimised(self.net_amp, lambda sc: classifier_loss_fn(self.net_amp, self.loss, sc, self.fp32_loss),
+                                   self.optimizers["opt"], self.scalers["scaler"], LOSSES)}
+
+    def forward(self, name: str, inputs: tuple) -> None:
+        self.net_amp(inputs[0])
 
     def step_inputs(self) -> list[tuple[str, tuple]]:
         """One step's sub-steps and inputs: [("train", (x, y))], the sampler's next batch."""

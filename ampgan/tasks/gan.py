@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 import mindspore as ms
 import numpy as np
-from mindspore import mint
+from mindspore import mint, ops
 from ampgan.reporting import plots
 from ampgan.amp.policy import apply_amp, check_keep_paths, shared_fp32_twin
 from ampgan.amp.scalers import build_scaler
@@ -13,8 +13,8 @@ from ampgan.config.schema import Settings
 from ampgan.data import Batches, Dataset
 from ampgan.tasks.metrics import mode_coverage, sliced_wasserstein
 from ampgan.models import Critic, Generator
-from ampgan.steps.gan import build_gan_steps
-from ampgan.tasks.base import SAMPLES_OVER_TIME, NetState, TaskBase, health_fn
+from ampgan.steps.gan import CRITIC_LOSSES, GENERATOR_LOSSES, build_gan_steps, critic_loss_fn, generator_loss_fn
+from ampgan.tasks.base import SAMPLES_OVER_TIME, NetState, Optimised, TaskBase, health_fn
 
 
 class GanTask(TaskBase):
@@ -59,8 +59,38 @@ class GanTask(TaskBase):
         self.batch_size = s.trainer.batch_size
         self.alpha_shape = (self.batch_size,) + (1,) * len(shape)
 
+    has_penalty = True
+
     def states(self) -> list[NetState]:
         return [self.critic_state, self.gen_state]
+
+    def roots(self) -> dict[str, ms.nn.Cell]:
+        return {"gen": self.gen, "critic": self.critic}
+
+    def optimised(self) -> dict[str, Optimised]:
+        sd, sg = self.scalers["critic.scaler"], self.scalers["gen.scaler"]
+        return {
+            "critic": Optimised(self.critic_amp,
+                                lambda sc: critic_loss_fn(self.gen_amp, self.critic_amp, self.critic_gp, sc, self.gp_lambda),
+                                self.optimizers["critic.opt"], sd, CRITIC_LOSSES),
+            "gen": Optimised(self.gen_amp, lambda sc: generator_loss_fn(self.gen_amp, self.critic_amp, sc),
+                             self.optimizers["gen.opt"], sg, GENERATOR_LOSSES),
+        }
+
+    def forward(self, name: str, inputs: tuple) -> None:
+        if name == "critic":
+            real, z, _ = inputs
+            fake = ops.stop_gradient(self.gen_amp(z))
+            self.critic_amp(real)
+            self.critic_amp(fake)
+        else:
+            self.critic_amp(self.gen_amp(*inputs))
+
+    def penalty(self, name: str, inputs: tuple):
+        if name != "critic":
+            return None
+        real, z, alpha = inputs
+        return "critic", self.critic_gp, (real, ops.stop_gradient(self.gen_amp(z)), alpha)
 
     def _z(self, n: int) -> ms.Tensor:
         return ms.Tensor(self.rng.standard_normal((n, self.z_dim)).astype(np.float32))
