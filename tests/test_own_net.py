@@ -127,6 +127,40 @@ def test_bad_user_code_is_one_line_and_no_run(case, user_package, outputs):
     assert runs == []
 
 
+GAN_DOOR = {
+    "critic that scores with two numbers": (["model.critic._target_=mindspore.nn.Dense", "+model.critic.in_channels=2",
+                                             "+model.critic.out_channels=1"],
+                                            "model.critic: the net maps inputs of shape (2, 2) to (2, 1); WGAN-GP needs (2,)"),
+    "generator that does not import": (["model.generator._target_=mynets.NoSuchGenerator"],
+                                       "model.generator._target_=mynets.NoSuchGenerator: cannot import it (AttributeError"),
+}
+
+
+@pytest.mark.parametrize("case", GAN_DOOR)
+def test_bad_wgan_nets_are_one_line_and_no_run(case, user_package, outputs):
+    overrides, message = GAN_DOOR[case]
+    with pytest.raises(AmpganError) as err:
+        train(compose_cfg("trainer=smoke", *overrides))
+    assert message in str(err.value) and "\n" not in str(err.value)
+    _, runs = all_runs(outputs)
+    assert runs == []
+
+
+def test_no_production_net_or_schema_carries_a_planted_failure_knob():
+    """The corpus's hazards live in ampgan_corpus; ampgan's own nets and model schemas have none."""
+    import dataclasses
+    import inspect
+
+    from ampgan import models
+    from ampgan.config.schema import MODELS
+
+    knobs = {"gain", "input_scale", "logit_scale", "norm_scale", "feature_offset", "critic_gain", "critic_input_scale"}
+    for name in models.__all__:
+        assert not knobs & set(inspect.signature(getattr(models, name)).parameters), name
+    for schema in MODELS.values():
+        assert not knobs & {f.name for f in dataclasses.fields(schema)}, schema.__name__
+
+
 def test_the_command_line_says_it_in_one_line(user_package, outputs):
     done = run_cli("model=classifier", "data=digits", "model.net._target_=mynets.Frozen", outputs=outputs)
     assert done.returncode != 0

@@ -60,12 +60,16 @@ class WganGpConfig:
     lr_g: float = 3e-4         # paper: 1e-4 over 100k steps; 3e-4 covers all 8 modes in 1000 here
     lr_d: float = 3e-4
     betas: tuple[float, float] = (0.5, 0.9)  # Adam; beta1 = 0 works too (mint.optim.Adam)
-    critic_gain: float = 1.0         # x every initial critic weight (diagnose's planted cases; 1: off)
-    critic_input_scale: float = 1.0  # critic input x this, first layer / this (same function; 1: off)
+    # the two nets, as Hydra `_target_` nodes: each gets z_dim, hidden, depth, sample_shape (and the
+    # other data shape arguments) by name if its constructor names them (ampgan.tasks.targets)
+    generator: Any = field(default_factory=lambda: {"_target_": "ampgan.models.Generator"})  # z -> sample
+    critic: Any = field(default_factory=lambda: {"_target_": "ampgan.models.Critic"})        # sample -> (batch,) score
 
     def __post_init__(self) -> None:
-        require(self.critic_gain > 0, f"model.critic_gain must be > 0, got {self.critic_gain}")
-        require(self.critic_input_scale > 0, f"model.critic_input_scale must be > 0, got {self.critic_input_scale}")
+        from ampgan.config.targets import resolve_target
+
+        for key in ("generator", "critic"):
+            resolve_target(getattr(self, key), f"model.{key}")  # imports it: a sweep's preflight stops a bad one
         _check_size("model.z_dim", self.z_dim, MAX_WIDTH)
         _check_size("model.hidden", self.hidden, MAX_WIDTH)
         _check_size("model.depth", self.depth, MAX_DEPTH)

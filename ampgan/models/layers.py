@@ -23,15 +23,3 @@ def upsamples_for(image_size: int) -> int:
     if image_size not in steps:
         raise ValueError(f"conv nets support 8x8 and 16x16 images, got {image_size}")
     return steps[image_size]
-
-
-def scale_init(net: nn.Cell, gain: float, first_layer: float = 1.0) -> None:
-    """Multiply the initial weights and biases of every Dense/Conv cell by `gain` (the first one
-    by `gain * first_layer` too, weights only). Call at construction, before anything is compiled."""
-    import mindspore as ms
-
-    layers = [c for _, c in net.cells_and_names() if isinstance(c, (nn.Dense, nn.Conv2d, nn.Conv2dTranspose))]
-    for i, cell in enumerate(layers):
-        for param in cell.get_parameters(expand=False):
-            factor = gain * (first_layer if i == 0 and param.ndim > 1 else 1.0)
-            param.set_data(ms.Tensor(param.asnumpy() * factor))

@@ -12,9 +12,9 @@ from ampgan.amp.scalers import build_scaler
 from ampgan.config.schema import Settings
 from ampgan.data import Batches, Dataset
 from ampgan.tasks.metrics import mode_coverage, sliced_wasserstein
-from ampgan.models import Critic, Generator
 from ampgan.steps.gan import CRITIC_LOSSES, GENERATOR_LOSSES, build_gan_steps, critic_loss_fn, generator_loss_fn
 from ampgan.tasks.base import SAMPLES_OVER_TIME, NetState, Optimised, TaskBase, health_fn
+from ampgan.tasks.targets import build_net, check_gan_fits, data_shape_args
 
 
 class GanTask(TaskBase):
@@ -27,12 +27,15 @@ class GanTask(TaskBase):
         self.data, self.n_critic, self.z_dim = data, m.n_critic, m.z_dim
         self.eval_samples, self.seed = s.trainer.eval_samples, s.trainer.seed
 
-        def make_critic():
-            return Critic(shape, m.hidden, m.depth, gain=m.critic_gain, input_scale=m.critic_input_scale)
+        given = {**data_shape_args(shape, max(data.n_classes, 1)), "z_dim": m.z_dim, "hidden": m.hidden, "depth": m.depth}
 
-        self.gen = Generator(m.z_dim, shape, m.hidden, m.depth)
+        def make_critic():
+            return build_net(m.critic, "model.critic", given)[0]
+
+        self.gen = build_net(m.generator, "model.generator", given)[0]
         self.gen.update_parameters_name("gen.")
         self.critic = make_critic()
+        check_gan_fits(self.gen, self.critic, m.z_dim, data.x_train)
         self.critic.update_parameters_name("critic.")
         check_keep_paths({"gen": self.gen, "critic": self.critic}, s.amp.keep_fp32)
         twin = shared_fp32_twin(make_critic, self.critic) if s.amp.fp32_gradient_penalty else None

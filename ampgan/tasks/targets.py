@@ -97,3 +97,22 @@ def check_classifier_fits(net, loss, x: np.ndarray, y: np.ndarray, num_classes: 
                           f"({type(err).__name__}: {first_line(err)})") from None
     if tuple(getattr(value, "shape", (0,))) not in ((), (1,)):
         raise AmpganError(f"model.loss: must return one number per batch, got shape {tuple(value.shape)}")
+
+
+def check_gan_fits(gen, critic, z_dim: int, x: np.ndarray) -> None:
+    """One FP32 pass on two samples: the generator maps (2, z_dim) noise to samples of the data's
+    shape, and the critic maps samples to (2,) scores."""
+    import mindspore as ms
+
+    z = ms.Tensor(np.zeros((2, z_dim), dtype=np.float32))
+    want = (2, *x.shape[1:])
+    for key, net, inputs, shape in (("model.generator", gen, z, want), ("model.critic", critic, ms.Tensor(x[:2]), (2,))):
+        try:
+            out = net(inputs)
+        except Exception as err:  # noqa: BLE001 - the user's construct: one line with its reason
+            raise AmpganError(f"{key}: the net does not take inputs of shape {tuple(inputs.shape)} "
+                              f"({type(err).__name__}: {first_line(err)})") from None
+        got = tuple(getattr(out, "shape", ()))
+        if got != shape:
+            raise AmpganError(f"{key}: the net maps inputs of shape {tuple(inputs.shape)} to {got}; "
+                              f"WGAN-GP needs {shape}")
