@@ -25,10 +25,10 @@ RULES = [
      ("ampgan.tracking",), ("ampgan.tasks", "ampgan.steps", "ampgan.training"), True),
     ("reporting reads runs: it never builds a task or runs a step",
      ("ampgan.reporting",), ("ampgan.tasks", "ampgan.steps", "ampgan.training", "ampgan.diagnose", "ampgan.sweeps"), True),
-    ("only diagnose itself imports diagnose", ("ampgan",), ("ampgan.diagnose",), False),
+    ("only diagnose and the Python API import diagnose", ("ampgan",), ("ampgan.diagnose",), False),
     ("the library never imports development tooling or experiments", ("ampgan",), ("devtools", "experiments"), False),
 ]
-EXEMPT = {"only diagnose itself imports diagnose": ("ampgan.diagnose",)}
+EXEMPT = {"only diagnose and the Python API import diagnose": ("ampgan.diagnose", "ampgan.api")}
 
 
 def module_name(path: Path, root: Path) -> str:

@@ -45,6 +45,18 @@ class FixedClasses(TinyNet):
         super().__init__(in_channels, 7)
 
 
+def object_samples():
+    import numpy as np
+
+    return np.array([["a", "b"]] * 10, dtype=object), np.zeros(10, dtype=np.int64)
+
+
+def images_without_channels():
+    import numpy as np
+
+    return np.zeros((8, 8, 8), np.float32), np.zeros(8, np.int64)  # (N, H, W): no channel axis
+
+
 def broken_import():
     import a_module_nobody_has  # noqa: F401
 '''
@@ -114,6 +126,10 @@ DOOR = {
     "keep_fp32 path the net does not have": (["model.net._target_=mynets.TinyNet", "amp.keep_fp32=[clasify]"],
                                              "clasify"),
     "target that is no cell": (["model.net._target_=builtins.dict"], "not a mindspore.nn.Cell"),
+    "data of the wrong dtype": (["data=custom", "data.source._target_=mynets.object_samples"],
+                                "data.source: mynets.object_samples's x_train has dtype object; samples must be numbers"),
+    "data of the wrong shape": (["data=custom", "data.source._target_=mynets.images_without_channels"],
+                                "x_train has shape (8, 8, 8); want (N, C, H, W) images or (N, F) points"),
 }
 
 

@@ -156,10 +156,20 @@ class DataConfig:
     noise: float = 0.02        # std of each Gaussian mode / Swiss-roll noise (paper: 0.02, 0.05, 0.25)
     image_size: int = 8        # digits: 8 (native) or 16 (resized)
     seed: int = 1234           # fixes the generated points and the train/test split
+    # a user's data: {_target_: mypkg.load, ...} returning (x, y) or (x_train, y_train, x_test, y_test)
+    # arrays (ampgan.data.custom); `name` is then only its label (data=custom)
+    source: Any = None
 
     def __post_init__(self) -> None:
         from ampgan.data import DATASETS
 
+        if self.source is not None:
+            from ampgan.config.targets import resolve_target
+
+            resolve_target(self.source, "data.source")
+            require(0 < self.test_fraction < 1, f"data.test_fraction must lie in (0, 1), got {self.test_fraction}")
+            _check_seed("data.seed", self.seed)
+            return
         require(self.name in DATASETS, f"unknown data set '{self.name}' (known: {', '.join(sorted(DATASETS))})")
         require(self.n_train >= 16, f"data.n_train must be >= 16, got {self.n_train}")
         require(0 < self.test_fraction < 1, f"data.test_fraction must lie in (0, 1), got {self.test_fraction}")
@@ -454,12 +464,12 @@ def _classifier_needs_labels(s: Settings) -> None:
     require(s.is_gan or s.data.name != "swissroll", "data=swissroll has no class labels: use it with model=wgan_gp")
 
 
-@_combination("data.name", "data.n_train", "data.test_fraction", "data.seed", "trainer.batch_size")
+@_combination("data.name", "data.n_train", "data.test_fraction", "data.seed", "data.source", "trainer.batch_size")
 def _batch_fits_the_data(s: Settings) -> None:
     from ampgan.data import train_size
 
     n = train_size(s.data)
-    require(s.trainer.batch_size <= n,
+    require(n is None or s.trainer.batch_size <= n,
             f"trainer.batch_size={s.trainer.batch_size} is larger than the {n} training samples of data={s.data.name}")
 
 

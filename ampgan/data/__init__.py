@@ -1,10 +1,12 @@
-"""Data sets: generated 2-D toy sets and scikit-learn's bundled digits. Nothing is downloaded.
+"""Data sets: generated 2-D toy sets, scikit-learn's bundled digits, or a user's `data.source`
+target (ampgan.data.custom). Nothing is downloaded.
 
 Each loader returns a `Dataset` with a fixed train/test split drawn from `data.seed`.
 """
 
 from ampgan.data import digits, toy2d
 from ampgan.data.base import Batches, Dataset
+from ampgan.data.custom import load_custom
 from ampgan.data.digits import load_digits_dataset
 from ampgan.data.toy2d import gaussians8, gaussians25, swissroll
 
@@ -21,12 +23,17 @@ _TRAIN_SIZES = {"gaussians8": toy2d.train_size, "gaussians25": toy2d.train_size,
 
 
 def build_dataset(cfg) -> Dataset:
-    """`cfg` is a validated `DataConfig`."""
+    """`cfg` is a validated `DataConfig`: its `source` (a user's target) or one of `DATASETS`."""
+    if cfg.source is not None:
+        return load_custom(cfg)
     return DATASETS[cfg.name](cfg)
 
 
-def train_size(cfg) -> int:
-    """Samples in the training split `build_dataset(cfg)` would give, without building the set."""
+def train_size(cfg) -> int | None:
+    """Samples in the training split `build_dataset(cfg)` would give, without building the set
+    (None for a user's `data.source`: known once it is loaded)."""
+    if cfg.source is not None:
+        return None
     return _TRAIN_SIZES[cfg.name](cfg)
 
 

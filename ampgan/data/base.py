@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ampgan import AmpganError
+
 
 @dataclass
 class Dataset:
@@ -57,7 +59,7 @@ class Batches:
 
     def __init__(self, x: np.ndarray, y: np.ndarray, batch_size: int, seed: int):
         if batch_size > len(x):
-            raise ValueError(f"batch size {batch_size} exceeds the {len(x)} training samples")
+            raise AmpganError(f"trainer.batch_size={batch_size} is larger than the {len(x)} training samples")
         self.x, self.y, self.batch_size = x, y, batch_size
         self.rng = np.random.default_rng(seed)
         self._order = np.empty(0, dtype=np.int64)

@@ -1,0 +1,119 @@
+"""ampgan from Python (a notebook, your own script): your net, loss and data; ampgan's training
+loop, loss scaling, gradient health, MLflow tracking and diagnose.
+
+    import numpy as np
+    from ampgan import api
+
+    run = api.train(TinyNet, data=(x, y), amp="O2", scaler="dynamic", steps=200)
+    print(run.objective, run.run_id, run.folder)
+    verdict = api.diagnose(TinyNet, data=(x, y), amp="O2", scaler="dynamic")
+    print(verdict.name, verdict.exit_code, verdict.layer, verdict.fixes)
+
+The arguments become overrides of the real config (conf/), composed with Hydra's compose API, so
+a run from here is the run `python -m ampgan.train` makes: the same validation, build, loop,
+checkpoints and MLflow run. The objects you pass become `_target_`s (`ampgan.api.user.<name>`).
+`net` is a class or a function that builds a fresh `mindspore.nn.Cell` (diagnose builds it
+twice from one seed); it is given `num_classes`, `in_channels`, `image_size` or `sample_shape`
+by name as any `model.net` target is. `data` is `(x, y)` or `(x_train, y_train, x_test, y_test)`
+arrays (ampgan.data.custom). Bad input raises `ampgan.AmpganError` with one line, before any run.
+"""
+
+from __future__ import annotations
+
+import time
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from ampgan import AmpganError
+
+user = types.SimpleNamespace()  # the objects passed in, for `_target_: ampgan.api.user.<name>`
+
+
+@dataclass
+class TrainResult:
+    objective: float        # the task's objective (classifier: eval/accuracy)
+    run_id: str | None      # the MLflow run (None with tracking="none")
+    folder: Path            # the run folder: config.yaml, checkpoints, pictures
+
+
+def _provide(name: str, obj) -> str:
+    setattr(user, name, obj)
+    return f"ampgan.api.user.{name}"
+
+
+def _overrides(net, data, loss, amp: str, scaler: str, steps: int | None, batch_size: int | None,
+               seed: int | None, tracking_uri: str | None, experiment: str | None, overrides) -> list[str]:
+    import mindspore as ms
+
+    if isinstance(net, ms.nn.Cell) or not callable(net):
+        raise AmpganError("api: net must be a class or a function that builds a fresh mindspore.nn.Cell "
+                          f"(diagnose builds it twice from one seed), got {type(net).__name__}")
+    out = ["model=classifier", f"amp={amp.lower()}", f"scaler={scaler}", f"model.net._target_={_provide('net', net)}"]
+    if data is not None:
+        out += ["data=custom", f"data.source._target_={_provide('data', lambda: data)}"]
+    if loss is not None:
+        factory = (lambda: loss) if isinstance(loss, ms.nn.Cell) or not isinstance(loss, type) else loss
+        out.append(f"model.loss._target_={_provide('loss', factory)}")
+    for key, value in (("trainer.max_steps", steps), ("trainer.batch_size", batch_size), ("trainer.seed", seed),
+                       ("tracking.uri", tracking_uri), ("tracking.experiment", experiment)):
+        if value is not None:
+            out.append(f"{key}={value}")
+    return out + list(overrides)
+
+
+def _compose(config_name: str, overrides: list[str]) -> DictConfig:
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ampgan.config.schema import CONF_DIR
+
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return compose(config_name=config_name, overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise AmpganError(f"api: {str(err).splitlines()[0]}") from None
+
+
+def _run_folder(kind: str) -> Path:
+    from ampgan.config.schema import outputs_dir
+
+    return outputs_dir() / kind / time.strftime("%Y-%m-%d") / f"api-{time.strftime('%H-%M-%S')}-{time.time_ns() % 10**6:06d}"
+
+
+def train(net, data=None, *, loss=None, amp: str = "O2", scaler: str = "dynamic", steps: int | None = None,
+          batch_size: int | None = None, seed: int | None = None, tracking_uri: str | None = None,
+          experiment: str | None = None, overrides: tuple[str, ...] = ()) -> TrainResult:
+    """Train `net` on `data` with ampgan's loop; `overrides`: any further `key=value` of the config
+    (`trainer.eval_every=50`, `amp.keep_fp32=[head]`, `tracking=none`, ...). Returns the objective,
+    the MLflow run id and the run folder."""
+    from ampgan.training.entry import train as train_cfg
+
+    cfg = _compose("train", _overrides(net, data, loss, amp, scaler, steps, batch_size, seed, tracking_uri,
+                                       experiment, overrides))
+    folder = _run_folder("runs")
+    objective = train_cfg(cfg, folder)
+    import json
+
+    from ampgan.tracking.tracker import RUN_RECORD
+
+    record = folder / RUN_RECORD
+    run_id = json.loads(record.read_text()).get("run_id") if record.exists() else None
+    return TrainResult(objective, run_id, folder)
+
+
+def diagnose(net, data=None, *, loss=None, amp: str = "O2", scaler: str = "dynamic", steps: int | None = None,
+             batch_size: int | None = None, seed: int | None = None, tracking_uri: str | None = None,
+             overrides: tuple[str, ...] = (), echo=print):
+    """Replay the run beside its FP32 twin (`python -m ampgan.diagnose`): returns the verdict
+    (`name`, `headline`, `evidence`, `layer`, `fixes`, `exit_code`), after printing the report
+    (`echo`) and logging the diagnosis to MLflow as the command does. `overrides` takes
+    `diagnose.*` keys too (`diagnose.verify=true`)."""
+    from ampgan.diagnose.command import diagnose as diagnose_cfg
+
+    cfg = _compose("diagnose_main", _overrides(net, data, loss, amp, scaler, None, batch_size, seed, tracking_uri,
+                                               None, (*([f"diagnose.steps={steps}"] if steps else []), *overrides)))
+    return diagnose_cfg(cfg, _run_folder("diagnose"), echo=echo).verdict

@@ -1,0 +1,86 @@
+"""A user's own data: `data.source` is a Hydra `_target_` whose call returns arrays.
+
+It returns `(x, y)` or `(x_train, y_train, x_test, y_test)`, or a dict with those keys: `x` a
+float array of samples, `(N, C, H, W)` images or `(N, F)` points; `y` integer class labels
+0 .. K-1 (WGAN-GP ignores them). Without a test split one is cut off with `data.test_fraction`
+and `data.seed`, as for ampgan's own sets. Anything else is one AmpganError line.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ampgan import AmpganError
+from ampgan.data.base import Dataset, split
+
+KEYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+def _arrays(out, target: str) -> dict[str, np.ndarray]:
+    if isinstance(out, dict):
+        missing = [k for k in KEYS[:2] if k not in out]
+        if missing:
+            raise AmpganError(f"data.source: {target} returned a dict without {', '.join(missing)} "
+                              f"(want keys {', '.join(KEYS)})")
+        return {k: out[k] for k in KEYS if k in out}
+    if isinstance(out, (tuple, list)) and len(out) in (2, 4):
+        return dict(zip(KEYS, out))
+    raise AmpganError(f"data.source: {target} returned a {type(out).__name__}; return (x, y), "
+                      "(x_train, y_train, x_test, y_test) or a dict with those keys")
+
+
+def _checked(arrays: dict, target: str) -> dict[str, np.ndarray]:
+    out = {}
+    for key, value in arrays.items():
+        a = np.asarray(value)
+        if key.startswith("x"):
+            if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
+                raise AmpganError(f"data.source: {target}'s {key} has dtype {a.dtype}; samples must be numbers")
+            if a.ndim not in (2, 4):
+                raise AmpganError(f"data.source: {target}'s {key} has shape {a.shape}; want (N, C, H, W) images "
+                                  "or (N, F) points")
+            a = a.astype(np.float32)
+            if not np.isfinite(a).all():
+                raise AmpganError(f"data.source: {target}'s {key} holds NaN or infinite values")
+        else:
+            if not np.issubdtype(a.dtype, np.integer):
+                raise AmpganError(f"data.source: {target}'s {key} has dtype {a.dtype}; labels must be integers "
+                                  "0 .. classes-1")
+            if a.ndim != 1:
+                raise AmpganError(f"data.source: {target}'s {key} has shape {a.shape}; want (N,) labels")
+            if a.size and a.min() < 0:
+                raise AmpganError(f"data.source: {target}'s {key} has negative labels; want 0 .. classes-1")
+            a = a.astype(np.int32)
+        out[key] = a
+    for part in ("train", "test"):
+        x, y = out.get(f"x_{part}"), out.get(f"y_{part}")
+        if x is not None and len(x) != len(y):
+            raise AmpganError(f"data.source: {target} gave {len(x)} x_{part} samples but {len(y)} labels")
+    if "x_test" in out and out["x_test"].shape[1:] != out["x_train"].shape[1:]:
+        raise AmpganError(f"data.source: {target}'s x_test samples have shape {out['x_test'].shape[1:]}, "
+                          f"x_train's {out['x_train'].shape[1:]}")
+    return out
+
+
+def load_custom(cfg) -> Dataset:
+    """`cfg`: a validated DataConfig whose `source` is set."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    from ampgan.config.targets import first_line
+
+    target = cfg.source["_target_"]
+    try:
+        out = instantiate(cfg.source)
+    except InstantiationException as err:
+        cause = err.__cause__ or err
+        raise AmpganError(f"data.source: {target} failed: {type(cause).__name__}: {first_line(cause)}") from None
+    a = _checked(_arrays(out, target), target)
+    if "x_test" not in a:
+        if len(a["x_train"]) < 4:
+            raise AmpganError(f"data.source: {target} gave {len(a['x_train'])} samples; need at least 4")
+        a["x_train"], a["y_train"], a["x_test"], a["y_test"] = split(
+            a["x_train"], a["y_train"], cfg.test_fraction, np.random.default_rng(cfg.seed))
+    n_classes = int(max(a["y_train"].max(initial=0), a["y_test"].max(initial=0))) + 1
+    return Dataset(name=cfg.name, x_train=a["x_train"], y_train=a["y_train"], x_test=a["x_test"],
+                   y_test=a["y_test"], n_classes=n_classes)
