@@ -2,11 +2,12 @@
 
 Rules, first match wins:
   framework  the GP weight gradient in the run's mode disagrees with finite differences
-  not_amp    the FP32 twin fails too (a non-finite loss or gradient): learning rate, data, model
-  overflow   AMP steps are non-finite (more than `skip_tol` of them, or any when the scaler does
-             not skip them) and the first bad value is in the forward pass or in the penalty's
-             inner gradient (scale-independent), or in the backward pass at a scale the layers'
-             range allows
+  not_amp    the FP32 twin fails too (a non-finite loss or gradient), no later than AMP does:
+             learning rate, data, model
+  overflow   a net's AMP steps are non-finite (more than `skip_tol` of that net's steps, or any
+             when the scaler does not skip them) and the first bad value is in the forward pass,
+             the loss, or the penalty's inner gradient (scale-independent), or in the backward
+             pass at a scale the layers' range allows; not located: no cell is named
   scaler     the same, in the backward pass, at a loss scale above the range every layer fits;
              or the scale oscillates (changes on more than a third of the steps)
   underflow  a net loses more than `lost_tol` of its FP32 gradient norm to flushing (nonzero
@@ -95,22 +96,32 @@ def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=N
                        "mode: MindSpore's PYNATIVE bug, not float16", [framework.describe()] + ev, "critic",
                        [Fix(["hardware.jit=true", "hardware.unsafe_pynative_gp=false"],
                             "compiled steps compute the penalty's gradient right")])
-    if ref.failed_at is not None:
+    amp_failed_at = synced.first_nonfinite[0] if synced.first_nonfinite is not None else None
+    if ref.failed_at is not None and (amp_failed_at is None or ref.failed_at <= amp_failed_at):
         return Verdict("not_amp", f"the FP32 twin fails too (step {ref.failed_at}: {ref.failure}): "
                        "not float16; look at the learning rate, the data or the model", ev)
     total = sum(x.substeps for x in sums.values())
     nonfinite = sum(x.nonfinite for x in sums.values())
-    if nonfinite and (not _skips_nonfinite(s) or nonfinite / total > dcfg.skip_tol):
-        ev.insert(0, f"{nonfinite}/{total} AMP steps non-finite")
+    # per net: a net whose every step overflows is not hidden by another net's many finite steps
+    failing = [n for n, x in sums.items() if x.nonfinite and (not _skips_nonfinite(s) or x.nonfinite / x.substeps > dcfg.skip_tol)]
+    if failing:
+        ev.insert(0, "; ".join(f"{n}: {sums[n].nonfinite}/{sums[n].substeps} AMP steps non-finite" for n in failing))
         if located is not None:
             ev.insert(1, f"first bad value: {located.describe()}")
-        if located is None or located.phase == "forward":
-            where = located.where if located else ""
-            fixes = [Fix([f"amp.keep_fp32=[{where}]"], f"{where} computes in FP32, beyond float16's range")] if where else []
-            parent = cell_of(where) if where and "." in where else ""
+        if located is None:  # locate off, or the free mode only: the non-finite steps are all that is known
+            return Verdict("overflow", f"float16 overflow: non-finite AMP steps in {', '.join(failing)} where FP32's are "
+                           "finite; not located (run with diagnose.locate=true diagnose.mode=synced for the cell)", ev)
+        if located.phase == "forward":
+            where = located.where
+            fixes = [Fix([f"amp.keep_fp32=[{where}]"], f"{where} computes in FP32, beyond float16's range")]
+            parent = cell_of(where) if "." in where else ""
             if parent:
                 fixes.append(Fix([f"amp.keep_fp32=[{parent}]"], f"the enclosing cell {parent} in FP32"))
-            return Verdict("overflow", f"forward overflow in float16 at {where or '?'}", ev, where, fixes)
+            return Verdict("overflow", f"forward overflow in float16 at {where}", ev, where, fixes)
+        if located.phase == "loss":  # every cell's output finite: the loss itself, not a cell
+            fixes = [] if s.amp.fp32_loss else [Fix(["amp.fp32_loss=true"], "the loss in FP32")]
+            return Verdict("overflow", "the loss overflows float16 (every cell's output is finite)", ev, "",
+                           fixes + _scale_fixes(s, common))
         if located.phase == "gp_inner":
             return Verdict("overflow", f"the gradient penalty's inner gradient overflows float16 (through {located.where})",
                            ev, located.where,
