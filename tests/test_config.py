@@ -28,9 +28,25 @@ def options(group: str) -> list[str]:
 GROUP_OPTIONS = [(g, o) for g in GROUPS for o in options(g)]
 
 
+def blobs(n: int = 200, seed: int = 0):
+    """A user's data source for data=custom: three Gaussian blobs in 2-D."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, n)
+    return (rng.normal(size=(n, 2)) * 0.3 + y[:, None]).astype(np.float32), y
+
+
+# what an option needs besides itself: the swiss roll has no labels; data=custom needs its source
+OPTION_EXTRAS = {"swissroll": ["model=wgan_gp"], "custom": ["data.source._target_=tests.test_config.blobs"]}
+
+
+def _compose_option_overrides(option: str, group: str = "data") -> list[str]:
+    return [f"{group}={option}", *OPTION_EXTRAS.get(option, [])]
+
+
 def _compose_option(group: str, option: str):
-    extra = ["model=wgan_gp"] if option == "swissroll" else []
-    return compose_cfg(f"{group}={option}", *extra)
+    return compose_cfg(*_compose_option_overrides(option, group))
 
 
 @pytest.mark.parametrize("group,option", GROUP_OPTIONS)
@@ -70,7 +86,7 @@ def test_every_option_is_its_schema_plus_its_own_values(group, option):
     An option that stops extending its schema (and so could restate a default that then drifts
     from the dataclass) fails here: its node is no longer typed by the dataclass.
     """
-    node = _compose_option(group, option)[group]
+    node = compose_cfg(f"{group}={option}")[group]   # the option alone (data=custom's source stays ???)
     schema = schema_of(group, node)
     assert SCHEMAS[group][_schema_path(group, option)] is schema
     assert OmegaConf.get_type(node) is schema
@@ -107,20 +123,31 @@ def test_every_data_set_builds_with_fixed_split():
     from ampgan.data import build_dataset
 
     for name in options("data"):
-        s = validate(compose_cfg(f"data={name}", "model=wgan_gp"))
+        s = validate(compose_cfg(f"data={name}", "model=wgan_gp", *([] if name == "swissroll" else OPTION_EXTRAS.get(name, []))))
         a, b = build_dataset(s.data), build_dataset(s.data)
         assert (a.x_test == b.x_test).all() and (a.x_train == b.x_train).all()
         assert a.x_train.dtype.name == "float32" and len(a.x_test) > 0
         assert abs(a.x_train).max() <= 4.0
 
 
-@pytest.mark.parametrize("name", options("data"))
+@pytest.mark.parametrize("name", [o for o in options("data") if o != "custom"])
 @pytest.mark.parametrize("n_train,test_fraction,seed", [(20000, 0.2, 1234), (333, 0.37, 7), (16, 0.9, 1), (100, 0.01, 3)])
 def test_train_size_is_the_built_split_size(name, n_train, test_fraction, seed):
     from ampgan.data import build_dataset, train_size
 
-    cfg = SimpleNamespace(name=name, n_train=n_train, test_fraction=test_fraction, noise=0.02, image_size=8, seed=seed)
+    cfg = SimpleNamespace(name=name, n_train=n_train, test_fraction=test_fraction, noise=0.02, image_size=8, seed=seed,
+                          source=None)
     assert train_size(cfg) == len(build_dataset(cfg).x_train)
+
+
+def test_a_users_data_is_sized_once_loaded_and_split_by_class():
+    from ampgan.data import build_dataset, train_size
+
+    s = validate(compose_cfg("model=classifier", *_compose_option_overrides("custom")))
+    assert train_size(s.data) is None
+    data = build_dataset(s.data)
+    assert len(data.x_train) + len(data.x_test) == 200 and data.n_classes == 3
+    assert sorted(set(data.y_test.tolist())) == [0, 1, 2]
 
 
 def test_digits_class_counts_are_scikit_learns():

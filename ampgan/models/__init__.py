@@ -3,5 +3,6 @@
 
 from ampgan.models.classifier import Backbone, Classifier, Head
 from ampgan.models.wgan_gp import Critic, Generator
+from ampgan.models.zoo import ResNet, VisionTransformer
 
-__all__ = ["Backbone", "Classifier", "Critic", "Generator", "Head"]
+__all__ = ["Backbone", "Classifier", "Critic", "Generator", "Head", "ResNet", "VisionTransformer"]
