@@ -61,6 +61,8 @@ GAN = ["model=wgan_gp", "data=gaussians8", *PERIODIC_OFF]
 CONV_GAN = ["model=wgan_gp", "data=digits", "data.image_size=8", "model.hidden=16", "model.z_dim=32",
             "model.gp_lambda=10", "trainer.batch_size=64", *PERIODIC_OFF]
 CLASSIFIER = ["model=classifier", "data=digits", "trainer=classifier", *PERIODIC_OFF]
+RESNET = [*CLASSIFIER, "model.net._target_=ampgan.models.ResNet"]
+TRANSFORMER = [*CLASSIFIER, "model.net._target_=ampgan.models.VisionTransformer"]
 O2_DYNAMIC = ["amp=o2", "scaler=dynamic"]
 LIKE_BARE = ["trainer.grad_health=false", "tracking=none"]  # what the bare loops leave out
 
@@ -83,6 +85,8 @@ BARE_MODELS = [
     ("ampgan vs bare MindSpore (WGAN-GP O2 dynamic, health off, no tracking)", GAN, 1.0),
     ("ampgan vs bare MindSpore: conv WGAN-GP (digits 8x8, O2 dynamic, health off, no tracking)", CONV_GAN, 1.0),
     ("ampgan vs bare MindSpore: classifier (digits, O2 dynamic, health off, no tracking)", CLASSIFIER, 0.125),
+    ("ampgan vs bare MindSpore: ResNet (digits, O2 dynamic, health off, no tracking)", RESNET, 0.125),
+    ("ampgan vs bare MindSpore: vision transformer (digits, O2 dynamic, health off, no tracking)", TRANSFORMER, 0.25),
 ]
 
 CI_LEVEL = 0.95

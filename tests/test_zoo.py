@@ -24,7 +24,7 @@ def test_each_net_trains_under_each_amp_level(net, level, tmp_path):
 
 
 # accuracy on digits' held-out 20% after 300 steps of batch 64 (measured: see docs/own-net.md)
-QUALITY = {"resnet": 0.9, "transformer": 0.8}
+QUALITY = {"resnet": 0.95, "transformer": 0.9}  # measured (seed 0): resnet 0.986 FP32, 0.972 O2; transformer 0.942, 0.947
 
 
 @pytest.mark.slow
