@@ -1,7 +1,8 @@
 """The verdict's rules on traces written by hand, one hole each (issue: a verdict only where the
-numbers hold it up): per-net skip accounting, not_amp only when FP32 fails no later than AMP, a
-failure in the loss gets the loss's fix, no claim of a place without its location, and a bare
-`python -m ampgan.diagnose` diagnoses AMP, not FP32 against itself."""
+numbers hold it up): per-net skip accounting; not_amp only when FP32 fails no later than AMP; a
+failure in the loss gets the loss's fix; no place claimed without its location; the FP32 twin
+keeps the run's clipping; a bare `python -m ampgan.diagnose` diagnoses AMP, not FP32 against
+itself."""
 
 from __future__ import annotations
 
@@ -98,3 +99,14 @@ def test_no_place_is_claimed_without_its_location():
 def test_the_bare_command_diagnoses_o2_with_dynamic_scaling():
     s = validate(compose_diag())
     assert s.amp.level == "O2" and s.scaler.name == "dynamic"
+
+
+def test_the_fp32_twin_keeps_the_runs_clipping_and_drops_only_precision():
+    from ampgan.diagnose.replay import fp32_twin_settings
+
+    clipped = fp32_twin_settings(validate(compose_cfg("amp=o2", "scaler=fixed_clip", "scaler.clip_norm=0.5")))
+    assert clipped.amp.level == "O0" and clipped.scaler.name == "fixed_clip"
+    assert clipped.scaler.clip_norm == 0.5 and clipped.scaler.init_scale == 1.0
+    assert clipped.scaler == clipped.scaler.fp32_twin(), "the twin's own twin is itself: it keeps its scale on resume"
+    dynamic = fp32_twin_settings(validate(compose_cfg("amp=o2", "scaler=dynamic")))
+    assert dynamic.scaler.name == "none"

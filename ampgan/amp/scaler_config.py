@@ -2,6 +2,9 @@
 
 They live apart from the scalers (`ampgan.amp.scalers`) so that validating a command line
 does not import MindSpore. `needs_health`: the strategy reads in-graph gradient health.
+`fp32_twin()`: the scaler of the run's FP32 twin in diagnose: no loss scale, but whatever the
+strategy does that is not about precision (fixed_clip's clipping) stays, so the twin follows
+the run's own path.
 """
 
 from __future__ import annotations
@@ -12,15 +15,20 @@ from typing import ClassVar
 from ampgan import require
 
 
+class _UnscaledTwin:
+    def fp32_twin(self) -> NoneScalerConfig:
+        return NoneScalerConfig()
+
+
 @dataclass
-class NoneScalerConfig:
+class NoneScalerConfig(_UnscaledTwin):
     needs_health: ClassVar[bool] = False
     name: str = "none"
     skip_nonfinite: bool = False  # FP32 baseline: let a NaN show, as plain training would
 
 
 @dataclass
-class StaticScalerConfig:
+class StaticScalerConfig(_UnscaledTwin):
     needs_health: ClassVar[bool] = False
     name: str = "static"
     init_scale: float = 1024.0
@@ -31,7 +39,7 @@ class StaticScalerConfig:
 
 
 @dataclass
-class DynamicScalerConfig:
+class DynamicScalerConfig(_UnscaledTwin):
     needs_health: ClassVar[bool] = False
     name: str = "dynamic"
     init_scale: float = 2.0**16
@@ -79,6 +87,10 @@ class FixedClipScalerConfig:
     def __post_init__(self) -> None:
         require(0 < self.init_scale < float("inf"), f"scaler.init_scale must be a finite number > 0, got {self.init_scale}")
         require(0 < self.clip_norm < float("inf"), f"scaler.clip_norm must be a finite number > 0, got {self.clip_norm}")
+
+    def fp32_twin(self) -> FixedClipScalerConfig:
+        """The same clipping at scale 1; a non-finite step is applied (zeroed), as plain training would go on."""
+        return FixedClipScalerConfig(init_scale=1.0, clip_norm=self.clip_norm, skip_nonfinite=False)
 
 
 SCALER_CONFIGS = {c.name: c for c in (NoneScalerConfig, StaticScalerConfig, DynamicScalerConfig,

@@ -23,7 +23,6 @@ import mindspore as ms
 import numpy as np
 
 from ampgan.training import checkpoint, hardware
-from ampgan.amp.scalers import NoneScalerConfig
 from ampgan.config.schema import AmpConfig, Settings
 from ampgan.data import Dataset
 from ampgan.steps.common import StepStatus
@@ -34,9 +33,10 @@ Progress = Callable[[str], None]
 
 
 def fp32_twin_settings(s: Settings) -> Settings:
-    """The same run in FP32: amp O0, no loss scale (non-finite updates applied, as plain FP32 would)."""
+    """The same run in FP32: amp O0, no loss scale (non-finite updates applied, as plain FP32 would);
+    what the scaler does that is not precision (clipping) stays (`fp32_twin()` of its settings)."""
     return replace(s, amp=AmpConfig(level="O0", keep_fp32=[], fp32_loss=True, fp32_gradient_penalty=False),
-                   scaler=NoneScalerConfig())
+                   scaler=s.scaler.fp32_twin())
 
 
 def build_seeded(s: Settings, data: Dataset, start: Path | None = None):
@@ -50,7 +50,7 @@ def build_seeded(s: Settings, data: Dataset, start: Path | None = None):
     if start is not None:
         own = {k: p.asnumpy().copy() for k, p in task.state_parameters().items() if k.split("/")[0] in task.scalers}
         checkpoint.load(task, start)
-        if s.scaler.name == "none":
+        if s.scaler == s.scaler.fp32_twin():  # an FP32 twin keeps its own scale (1), not the run's
             params = task.state_parameters()
             for k, value in own.items():
                 params[k].set_data(ms.Tensor(value, dtype=params[k].dtype))

@@ -19,11 +19,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from ampgan import AmpganError
-from ampgan.config.schema import CONF_DIR, GROUPS, SCHEMAS, Settings, validate
+from ampgan.config.schema import CONF_DIR, GROUPS, Settings, validate
 from ampgan.data import Dataset
 from ampgan.diagnose.pipeline import analyse, reference_for
 from ampgan.diagnose.replay import build_seeded, fp32_twin_settings
@@ -33,26 +32,34 @@ from ampgan.tracking.tracker import NullTracker
 from ampgan.training.loop import Progress, run_steps
 
 def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
-    """`scaler=dynamic` swaps in that group option's file; `a.b=v` sets a value (YAML-parsed)."""
+    """A fix's overrides on a copy of `cfg`, by Hydra's own rules: a group option (`scaler=dynamic`)
+    is that option's node as Hydra composes it; any other override (`amp.keep_fp32=[head]`,
+    `+model.net.width=8`) is applied as Hydra applies it to a composed config."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    from ampgan.config import hydra_compat
+
     out = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
-    for ov in overrides:
-        key, _, value = ov.partition("=")
-        if key in GROUPS:
-            path = CONF_DIR / key / f"{value}.yaml"
-            if not path.exists():
-                raise AmpganError(f"fix override {ov}: no such option")
-            out[key] = group_option(key, path)
-        else:
-            OmegaConf.update(out, key, yaml.safe_load(value), force_add=True)
+    fresh = not GlobalHydra.instance().is_initialized()
+    if fresh:  # python -m ampgan.diagnose is a Hydra app; a test or the Python API may not be
+        initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3")
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        groups = [o for o in parsed if o.key_or_group in GROUPS]
+        if groups:
+            composed = compose(config_name="train", overrides=[o.input_line for o in groups])
+            for o in groups:
+                out[o.key_or_group] = OmegaConf.to_container(composed[o.key_or_group], resolve=False)
+        hydra_compat.apply_overrides([o for o in parsed if o.key_or_group not in GROUPS], out)
+    except HydraException as err:
+        raise AmpganError(f"fix override {' '.join(overrides)}: {str(err).splitlines()[0]}") from None
+    finally:
+        if fresh:
+            GlobalHydra.instance().clear()
     return out
-
-
-def group_option(group: str, path) -> DictConfig:
-    """A group option's YAML merged onto the schema its `defaults` names (`/schema/scaler/dynamic@_here_`)."""
-    node = OmegaConf.load(path)
-    schemas = [str(d).split("@")[0].lstrip("/") for d in node.pop("defaults", []) if str(d).startswith("/schema/")]
-    base = OmegaConf.structured(SCHEMAS[group][schemas[0]]) if schemas else OmegaConf.create()
-    return OmegaConf.create(OmegaConf.to_container(OmegaConf.merge(base, node), resolve=False))
 
 
 @dataclass
