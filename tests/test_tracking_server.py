@@ -10,7 +10,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tests.conftest import ROOT
 from tests.test_resume import journal_step, run_folder, start
 from tests.test_ui import free_port
 

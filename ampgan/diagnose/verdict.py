@@ -4,8 +4,8 @@ Rules, first match wins:
   framework  the GP weight gradient in the run's mode disagrees with finite differences
   not_amp    the FP32 twin fails too (a non-finite loss or gradient), no later than AMP does:
              learning rate, data, model
-  overflow   a net's AMP steps are non-finite (more than `skip_tol` of that net's steps, or any
-             when the scaler does not skip them) and the first bad value is in the forward pass,
+  overflow   AMP steps are non-finite (more than `skip_tol` of them, or any when the scaler does
+             not skip them) and the first bad value is in the forward pass,
              the loss, or the penalty's inner gradient (scale-independent), or in the backward
              pass at a scale the layers' range allows; not located: no cell is named
   scaler     the same, in the backward pass, at a loss scale above the range every layer fits;
@@ -102,9 +102,8 @@ def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=N
                        "not float16; look at the learning rate, the data or the model", ev)
     total = sum(x.substeps for x in sums.values())
     nonfinite = sum(x.nonfinite for x in sums.values())
-    # per net: a net whose every step overflows is not hidden by another net's many finite steps
-    failing = [n for n, x in sums.items() if x.nonfinite and (not _skips_nonfinite(s) or x.nonfinite / x.substeps > dcfg.skip_tol)]
-    if failing:
+    failing = [n for n, x in sums.items() if x.nonfinite]
+    if nonfinite and (not _skips_nonfinite(s) or nonfinite / total > dcfg.skip_tol):
         ev.insert(0, "; ".join(f"{n}: {sums[n].nonfinite}/{sums[n].substeps} AMP steps non-finite" for n in failing))
         if located is not None:
             ev.insert(1, f"first bad value: {located.describe()}")
