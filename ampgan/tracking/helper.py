@@ -94,8 +94,8 @@ class BackgroundTracker:
                          f"command started; its store took {msg['seconds']:.1f} s of that, beside the build and compile)")
             elif msg["op"] == "failed":
                 self._failed = msg["error"]
-            elif msg["op"] == "exit":  # before the reply awaited: the helper died
-                self._lost()
+            elif msg["op"] == "exit":  # before the reply awaited: the helper died (a "started" came first)
+                self._lost(drain=False)
             if msg["op"] == wanted or msg["op"] in ("failed", "exit"):
                 return msg
 
@@ -108,11 +108,24 @@ class BackgroundTracker:
         except (BrokenPipeError, OSError, ValueError):  # the helper is gone
             self._lost()
 
-    def _lost(self) -> None:
-        """Say once that the helper is gone; training goes on, the journal keeps every metric."""
+    def _lost(self, drain: bool = True) -> None:
+        """Say once that the helper is gone; training goes on, the journal keeps every metric.
+        `drain`: first read what the helper said before it died (a write found it gone)."""
         if self._gone or self._failed:
             return
         self._gone = True
+        deadline = time.monotonic() + (5.0 if drain else 0.0)
+        while self._run_id is None and time.monotonic() < deadline:
+            # the helper may have created the run just before it died: its reply can still be on its
+            # way through the reader thread (the pipe closes, the reader ends with "exit")
+            try:
+                msg = self._replies.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if msg["op"] == "started":
+                self._run_id = msg["run_id"]
+            elif msg["op"] in ("exit", "failed"):
+                break
         if self._run_id is None:
             log.error(f"the tracking helper exited (code {self._proc.poll()}) before the run was created: this run "
                       f"is not tracked; its metrics stay in {JOURNAL} in the run folder")
