@@ -23,8 +23,8 @@ class ClassifierTask(TaskBase):
 
     def __init__(self, s: Settings, data: Dataset):
         self.data = data
-        self.net, self.net_args = build_net(s.model.net, "model.net",
-                                            data_shape_args(data.sample_shape, data.n_classes))
+        self.net, _ = build_net(s.model.net, "model.net",
+                                data_shape_args(data.sample_shape, data.n_classes))
         self.loss, _ = instantiate(s.model.loss, "model.loss")
         check_classifier_fits(self.net, self.loss, data.x_train, data.y_train, data.n_classes)
         self.fp32_loss = s.amp.fp32_loss
