@@ -1,5 +1,6 @@
 """ampgan: reproducible, logged mixed-precision experiments in MindSpore."""
 
+import difflib as _difflib
 import os as _os
 import re as _re
 import sys as _sys
@@ -22,6 +23,15 @@ __version__ = "0.1.0"
 
 class AmpganError(Exception):
     """A user-facing error: bad config, missing hardware. Printed as one line, exit code 2."""
+
+
+def closest(word: str, choices) -> str:
+    """' (did you mean X?)' for the choice closest to a mistyped `word`, or ''."""
+    match = _difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    if not match:
+        folded = {c.lower(): c for c in choices}
+        match = [folded[word.lower()]] if word.lower() in folded else []
+    return f" (did you mean {match[0]}?)" if match else ""
 
 
 def require(ok: bool, message: str) -> None:

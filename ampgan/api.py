@@ -20,6 +20,7 @@ arrays (ampgan.data.custom). Bad input raises `ampgan.AmpganError` with one line
 
 from __future__ import annotations
 
+import json
 import time
 import types
 from dataclasses import dataclass
@@ -96,8 +97,6 @@ def train(net, data=None, *, loss=None, amp: str = "O2", scaler: str = "dynamic"
                                        experiment, overrides))
     folder = _run_folder("runs")
     objective = train_cfg(cfg, folder)
-    import json
-
     from ampgan.tracking.tracker import RUN_RECORD
 
     record = folder / RUN_RECORD

@@ -176,12 +176,13 @@ def _bare_wgan_gp(s: Settings, data: Dataset) -> BareWganGp:
 
 
 def _bare_classifier(s: Settings, data: Dataset) -> BareClassifier:
-    from ampgan.tasks.targets import data_shape_args, instantiate
+    from ampgan.config.targets import instantiate
+    from ampgan.tasks.targets import data_shape_args
 
     m, sc = s.model, s.scaler
 
     def make_net():  # the same model.net target ampgan builds, with the same data arguments
-        return instantiate(m.net, "model.net", data_shape_args(data.sample_shape, data.n_classes))[0]
+        return instantiate(m.net, "model.net", data_shape_args(data.sample_shape, data.n_classes))
 
     return BareClassifier(data.x_train, data.y_train, make_net=make_net,
                           batch_size=s.trainer.batch_size, lr=m.lr, betas=tuple(m.betas), amp_level=s.amp.level,

@@ -14,7 +14,6 @@ keys at a time). Either way the user gets an `AmpganError` with one line naming 
 from __future__ import annotations
 
 import copy
-import difflib
 import logging
 import math
 import os
@@ -28,7 +27,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ampgan import AmpganError, require
+from ampgan import AmpganError, closest, require
 from ampgan.amp.scaler_config import SCALER_CONFIGS
 
 log = logging.getLogger("ampgan")
@@ -338,15 +337,6 @@ def schema_of(group: str, node: Any) -> type:
     if name not in registry:
         raise AmpganError(f"unknown {group} '{name}' (known: {', '.join(sorted(registry))})")
     return registry[name]
-
-
-def closest(word: str, choices) -> str:
-    """' (did you mean X?)' for the choice closest to a mistyped `word`, or ''."""
-    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    if not match:
-        folded = {c.lower(): c for c in choices}
-        match = [folded[word.lower()]] if word.lower() in folded else []
-    return f" (did you mean {match[0]}?)" if match else ""
 
 
 def _nonfinite_field(obj: Any) -> str | None:

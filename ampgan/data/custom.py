@@ -64,17 +64,10 @@ def _checked(arrays: dict, target: str) -> dict[str, np.ndarray]:
 
 def load_custom(cfg) -> Dataset:
     """`cfg`: a validated DataConfig whose `source` is set."""
-    from hydra.errors import InstantiationException
-    from hydra.utils import instantiate
-
-    from ampgan.config.targets import first_line
+    from ampgan.config.targets import instantiate
 
     target = cfg.source["_target_"]
-    try:
-        out = instantiate(cfg.source)
-    except InstantiationException as err:
-        cause = err.__cause__ or err
-        raise AmpganError(f"data.source: {target} failed: {type(cause).__name__}: {first_line(cause)}") from None
+    out = instantiate(cfg.source, "data.source")
     a = _checked(_arrays(out, target), target)
     if "x_test" not in a:
         if len(a["x_train"]) < 4:

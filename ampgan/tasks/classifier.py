@@ -13,7 +13,8 @@ from ampgan.data import Batches, Dataset
 from ampgan.tasks.metrics import confusion_matrix, softmax_cross_entropy
 from ampgan.steps.classifier import LOSSES, build_classifier_step, classifier_loss_fn
 from ampgan.tasks.base import NetState, Optimised, TaskBase, health_fn
-from ampgan.tasks.targets import build_net, check_classifier_fits, data_shape_args, instantiate
+from ampgan.config.targets import instantiate
+from ampgan.tasks.targets import build_net, check_classifier_fits, data_shape_args
 
 
 class ClassifierTask(TaskBase):
@@ -23,9 +24,8 @@ class ClassifierTask(TaskBase):
 
     def __init__(self, s: Settings, data: Dataset):
         self.data = data
-        self.net, _ = build_net(s.model.net, "model.net",
-                                data_shape_args(data.sample_shape, data.n_classes))
-        self.loss, _ = instantiate(s.model.loss, "model.loss")
+        self.net = build_net(s.model.net, "model.net", data_shape_args(data.sample_shape, data.n_classes))
+        self.loss = instantiate(s.model.loss, "model.loss")
         check_classifier_fits(self.net, self.loss, data.x_train, data.y_train, data.n_classes)
         self.fp32_loss = s.amp.fp32_loss
         check_keep_paths({"": self.net}, s.amp.keep_fp32)

@@ -30,9 +30,9 @@ class GanTask(TaskBase):
         given = {**data_shape_args(shape, max(data.n_classes, 1)), "z_dim": m.z_dim, "hidden": m.hidden, "depth": m.depth}
 
         def make_critic():
-            return build_net(m.critic, "model.critic", given)[0]
+            return build_net(m.critic, "model.critic", given)
 
-        self.gen = build_net(m.generator, "model.generator", given)[0]
+        self.gen = build_net(m.generator, "model.generator", given)
         self.gen.update_parameters_name("gen.")
         self.critic = make_critic()
         check_gan_fits(self.gen, self.critic, m.z_dim, data.x_train)

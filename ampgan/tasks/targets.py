@@ -1,23 +1,20 @@
 """Users' own code through Hydra's `_target_`: nets and losses built by `hydra.utils.instantiate`,
 checked at the door so that a bad target costs one line and no run.
 
-A net's constructor gets the data's shape by name: each of `data_shape_args` that its signature
-names (not merely `**kwargs`) and its config does not set is passed from the data set, so
+A net's constructor gets the data's shape by name (`data_shape_args`, passed by
+`ampgan.config.targets.instantiate` to the parameters its signature names), so
 `model.net._target_=mypkg.Net` is all a user writes. `mindcv.create_model` takes `num_classes`
 and `in_channels` this way.
 """
 
 from __future__ import annotations
 
-import inspect
-import re
 from typing import Any
 
 import numpy as np
 
 from ampgan import AmpganError
-from ampgan.config.schema import closest
-from ampgan.config.targets import first_line, resolve_target
+from ampgan.config.targets import first_line, instantiate
 
 def data_shape_args(sample_shape: tuple[int, ...], num_classes: int) -> dict[str, Any]:
     """What a net may be given from the data: sample_shape ((C, H, W) or (F,)), num_classes,
@@ -29,45 +26,32 @@ def data_shape_args(sample_shape: tuple[int, ...], num_classes: int) -> dict[str
     return out
 
 
-def _named_parameters(obj) -> set[str]:
-    try:
-        sig = inspect.signature(obj)
-    except (TypeError, ValueError):
-        return set()
-    return {n for n, p in sig.parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-
-
-def instantiate(node: dict, key: str, given: dict[str, Any] | None = None):
-    """Build `node` with `hydra.utils.instantiate`, adding those of `given` that the target names
-    and the node does not set; any failure is one AmpganError line naming `key`."""
-    from hydra.errors import InstantiationException
-    from hydra.utils import instantiate as hydra_instantiate
-
-    target, obj = node["_target_"], resolve_target(node, key)
-    named = _named_parameters(obj)
-    extra = {k: v for k, v in (given or {}).items() if k in named and k not in node}
-    try:
-        return hydra_instantiate(node, **extra), extra
-    except InstantiationException as err:
-        cause = err.__cause__ or err
-        msg = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
-        args = ", ".join(f"{k}={v}" for k, v in {**{k: v for k, v in node.items() if not k.startswith("_")},
-                                                 **extra}.items())
-        bad = re.search(r"unexpected keyword argument '([^']+)'", msg)
-        hint = closest(bad.group(1), named) if bad else ""
-        raise AmpganError(f"{key}: {target}({args}) failed: {type(cause).__name__}: {msg}{hint}") from None
-
-
 def build_net(node: dict, key: str, given: dict[str, Any]):
-    """A `mindspore.nn.Cell` with trainable parameters, from `node`; (net, the data args it was given)."""
+    """A `mindspore.nn.Cell` with trainable parameters, from `node` (`given`: by name, see `instantiate`)."""
     from mindspore import nn
 
-    net, extra = instantiate(node, key, given)
+    net = instantiate(node, key, given)
     if not isinstance(net, nn.Cell):
         raise AmpganError(f"{key}: {node['_target_']} gave a {type(net).__name__}, not a mindspore.nn.Cell")
     if not net.trainable_params():
         raise AmpganError(f"{key}: {node['_target_']} has no trainable parameters: nothing to train")
-    return net, extra
+    return net
+
+
+def _door_forward(net, inputs: np.ndarray, key: str, what: str):
+    """`net(inputs)` in FP32 and inference mode (BatchNorm's moving statistics stay as they are);
+    an error in the user's construct is one line naming `key` and the input shape."""
+    import mindspore as ms
+
+    training = net.training
+    net.set_train(False)
+    try:
+        return net(ms.Tensor(inputs))
+    except Exception as err:  # noqa: BLE001 - the user's construct: one line with its reason
+        raise AmpganError(f"{key}: the net does not take {what} of shape {tuple(inputs.shape)} "
+                          f"({type(err).__name__}: {first_line(err)})") from None
+    finally:
+        net.set_train(training)
 
 
 def check_classifier_fits(net, loss, x: np.ndarray, y: np.ndarray, num_classes: int, key: str = "model.net") -> None:
@@ -76,15 +60,7 @@ def check_classifier_fits(net, loss, x: np.ndarray, y: np.ndarray, num_classes: 
     import mindspore as ms
 
     x, y = x[:2], y[:2]
-    training = net.training
-    net.set_train(False)  # BatchNorm's moving statistics stay as they are
-    try:
-        out = net(ms.Tensor(x))
-    except Exception as err:  # noqa: BLE001 - the user's construct: one line with its reason
-        raise AmpganError(f"{key}: the net does not take the data's samples of shape {tuple(x.shape)} "
-                          f"({type(err).__name__}: {first_line(err)})") from None
-    finally:
-        net.set_train(training)
+    out = _door_forward(net, x, key, "the data's samples")
     shape = tuple(getattr(out, "shape", ()))
     if shape != (len(x), num_classes):
         raise AmpganError(f"{key}: the net maps samples of shape {tuple(x.shape)} to {shape or type(out).__name__}; "
@@ -102,17 +78,9 @@ def check_classifier_fits(net, loss, x: np.ndarray, y: np.ndarray, num_classes: 
 def check_gan_fits(gen, critic, z_dim: int, x: np.ndarray) -> None:
     """One FP32 pass on two samples: the generator maps (2, z_dim) noise to samples of the data's
     shape, and the critic maps samples to (2,) scores."""
-    import mindspore as ms
-
-    z = ms.Tensor(np.zeros((2, z_dim), dtype=np.float32))
-    want = (2, *x.shape[1:])
-    for key, net, inputs, shape in (("model.generator", gen, z, want), ("model.critic", critic, ms.Tensor(x[:2]), (2,))):
-        try:
-            out = net(inputs)
-        except Exception as err:  # noqa: BLE001 - the user's construct: one line with its reason
-            raise AmpganError(f"{key}: the net does not take inputs of shape {tuple(inputs.shape)} "
-                              f"({type(err).__name__}: {first_line(err)})") from None
-        got = tuple(getattr(out, "shape", ()))
+    z = np.zeros((2, z_dim), dtype=np.float32)
+    for key, net, inputs, shape in (("model.generator", gen, z, (2, *x.shape[1:])), ("model.critic", critic, x[:2], (2,))):
+        got = tuple(getattr(_door_forward(net, inputs, key, "inputs"), "shape", ()))
         if got != shape:
             raise AmpganError(f"{key}: the net maps inputs of shape {tuple(inputs.shape)} to {got}; "
                               f"WGAN-GP needs {shape}")
