@@ -25,7 +25,7 @@ import mindspore as ms
 from mindspore import ops
 
 from ampgan.amp.health import global_norm, grad_health
-from ampgan.steps.common import Step, build_update
+from ampgan.steps.common import Step, build_body
 from ampgan.steps.gan import penalty_inner_gradient
 
 COMPARE_FIELDS = ("rel_err", "cosine", "flushed", "lost_norm", "fp32_norm")
@@ -57,14 +57,7 @@ def make_probe(loss_fn: Callable, weights: Sequence, optimizer, scaler, loss_nam
     weights = tuple(weights)
     grad_fn = ms.value_and_grad(loss_fn, None, weights, has_aux=True)
     scaler.watch(weights)
-    update = build_update(optimizer, scaler, grad_health, global_norm)
-
-    def probe(*inputs):
-        (_, losses), scaled_grads = grad_fn(*inputs)
-        grads = scaler.unscale(scaled_grads)
-        status, health = update(scaled_grads)
-        return ops.concat([losses.astype(ms.float32), status, health.reshape(-1)]), grads
-
+    probe = build_body(grad_fn, optimizer, scaler, grad_health, global_norm)
     layout = Step(fn=probe, loss_names=tuple(loss_names), weights=weights)
     return Probe(fn=ms.jit(probe) if jit else probe, layout=layout)
 

@@ -15,7 +15,9 @@ STATUS_FIELDS = ("finite", "applied", "scale", "grad_norm", "clipped")
 
 
 def build_update(optimizer, scaler, health_fn: Callable, norm_fn: Callable = global_norm) -> Callable:
-    """Return `update(scaled_grads) -> (status, health)` for use inside a compiled step.
+    """Return `update(scaled_grads) -> (status, health, unscaled grads)` for a compiled step.
+
+    The unscaled gradients are the ones before clipping, unscaled by the scale the step used.
 
     `health_fn`/`norm_fn` are chosen outside the graph: with gradient health off, or in a
     step's plain variant (and a scaler that does not clip), neither statistic is computed at all.
@@ -24,15 +26,15 @@ def build_update(optimizer, scaler, health_fn: Callable, norm_fn: Callable = glo
     def update(scaled_grads):
         health = health_fn(scaled_grads)
         scale_used = scaler.scale_value * 1.0
-        grads = scaler.unscale(scaled_grads)
-        finite = amp.all_finite(grads)
-        norm = norm_fn(grads)
-        grads, clipped = scaler.clip(grads, norm)
+        unscaled = scaler.unscale(scaled_grads)
+        finite = amp.all_finite(unscaled)
+        norm = norm_fn(unscaled)
+        grads, clipped = scaler.clip(unscaled, norm)
         apply = scaler.adjust(finite, health)
         if apply:
             optimizer(grads)
         status = ops.stack([finite.astype(ms.float32), apply.astype(ms.float32), scale_used, norm, clipped])
-        return status, health
+        return status, health, unscaled
 
     return update
 
@@ -111,6 +113,20 @@ class Step:
         )
 
 
+def build_body(grad_fn: Callable, optimizer, scaler, health_fn: Callable, norm_fn: Callable) -> Callable:
+    """`body(*inputs) -> (packed status, unscaled gradients)`: one train step's whole update.
+
+    A train step returns the packed status; diagnose's probe also returns the gradients."""
+    update = build_update(optimizer, scaler, health_fn, norm_fn)
+
+    def body(*inputs):
+        (_, losses), scaled_grads = grad_fn(*inputs)
+        status, health_rows, grads = update(scaled_grads)
+        return ops.concat([losses.astype(ms.float32), status, health_rows.reshape(-1)]), grads
+
+    return body
+
+
 def make_step(loss_fn: Callable, weights: Sequence, optimizer, scaler, health_fn: Callable,
               loss_names: Sequence[str], jit: bool = True) -> Step:
     """Wrap `loss_fn(*inputs) -> (scaled_loss, stacked_losses)` into a full train step.
@@ -125,12 +141,11 @@ def make_step(loss_fn: Callable, weights: Sequence, optimizer, scaler, health_fn
     scaler.watch(weights)
 
     def variant(health: Callable, norm: Callable) -> Callable:
-        update = build_update(optimizer, scaler, health, norm)
+        body = build_body(grad_fn, optimizer, scaler, health, norm)
 
         def step(*inputs):
-            (_, losses), scaled_grads = grad_fn(*inputs)
-            status, health_rows = update(scaled_grads)
-            return ops.concat([losses.astype(ms.float32), status, health_rows.reshape(-1)])
+            packed, _ = body(*inputs)
+            return packed
 
         return ms.jit(step) if jit else step
 
