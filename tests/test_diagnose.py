@@ -213,11 +213,11 @@ def test_cli_healthy_run_logged_and_linked(outputs):
     amp_task, fp32_task = build_seeded(s, data, start), build_seeded(fp32_twin_settings(s), data, start)
     for task in (amp_task, fp32_task):
         for key, p in task.state_parameters().items():
-            if not key.startswith("scaler/"):
+            if not key.startswith("train.scaler/"):
                 assert np.array_equal(p.asnumpy(), saved[key]), key
         assert task.batches.state() == checkpoint.read_host(start)["batches"]
-    assert float(amp_task.scalers["scaler"].scale_value.asnumpy()) == 8.0
-    assert float(fp32_task.scalers["scaler"].scale_value.asnumpy()) == 1.0
+    assert float(amp_task.scalers["train.scaler"].scale_value.asnumpy()) == 8.0
+    assert float(fp32_task.scalers["train.scaler"].scale_value.asnumpy()) == 1.0
     assert checkpoint_start("0123456789abcdef0123456789abcdef", cfg) is None   # no such run: from step 0
 
     # the logged CSVs hold the replay's numbers: replay the same 3 steps from the same checkpoint here

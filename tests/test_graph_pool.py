@@ -149,8 +149,8 @@ def test_structure_key_separates_what_is_compiled_from_what_is_read_at_run_time(
 def test_checkpoints_hold_state_not_the_settings_read_at_run_time():
     _, task = build(*CLASSIFIER)
     state, everything = task.state_parameters(), task.graph_parameters()
-    assert "scaler/scale_value" in state and "scaler/counter" in state
-    assert {"scaler/factor", "scaler/window", "opt/lr0"} <= everything.keys() - state.keys()
+    assert "train.scaler/scale_value" in state and "train.scaler/counter" in state
+    assert {"train.scaler/factor", "train.scaler/window", "train.opt/lr0"} <= everything.keys() - state.keys()
 
 
 def test_a_serial_sweep_compiles_once_and_says_so(outputs):

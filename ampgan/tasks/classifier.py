@@ -32,12 +32,12 @@ class ClassifierTask(TaskBase):
         net_amp = apply_amp(self.net, s.amp.level, s.amp.keep_fp32)
         net_amp.set_train(True)  # cells start in inference mode: BatchNorm would use its moving statistics
         self.net_amp = net_amp
-        self.nets = {"net": net_amp}
+        self.nets = {"train": net_amp}   # one name for the one optimised net: its metrics are train/...
         opt = mint.optim.Adam(net_amp.trainable_params(), lr=s.model.lr, betas=tuple(s.model.betas))
-        self.optimizers = {"opt": opt}
-        self.scalers = {"scaler": build_scaler(s.scaler, "scaler")}
+        self.optimizers = {"train.opt": opt}
+        self.scalers = {"train.scaler": build_scaler(s.scaler, "train.scaler")}
         self.rngs = {}
-        step = build_classifier_step(net_amp, self.loss, opt, self.scalers["scaler"], health_fn(s),
+        step = build_classifier_step(net_amp, self.loss, opt, self.scalers["train.scaler"], health_fn(s),
                                      fp32_loss=s.amp.fp32_loss, jit=s.hardware.jit)
         self.state = NetState("train", step)
         self.batches = Batches(data.x_train, data.y_train, s.trainer.batch_size, s.trainer.seed)
@@ -50,7 +50,7 @@ class ClassifierTask(TaskBase):
 
     def optimised(self) -> dict[str, Optimised]:
         return {"train": Optimised(self.net_amp, lambda sc: classifier_loss_fn(self.net_amp, self.loss, sc, self.fp32_loss),
-                                   self.optimizers["opt"], self.scalers["scaler"], LOSSES)}
+                                   self.optimizers["train.opt"], self.scalers["train.scaler"], LOSSES)}
 
     def forward(self, name: str, inputs: tuple) -> None:
         self.net_amp(inputs[0])
