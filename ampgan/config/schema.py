@@ -51,6 +51,7 @@ class WganGpConfig:
     """WGAN-GP (Gulrajani et al. 2017): MLPs for 2-D data, small conv nets for images."""
 
     name: str = "wgan_gp"
+    task: str = "ampgan.tasks.gan.GanTask"
     z_dim: int = 2
     hidden: int = 128          # MLP width, or conv channels of the critic's first layer
     depth: int = 3             # hidden layers of the MLPs
@@ -84,6 +85,7 @@ class ClassifierConfig:
     (ampgan.tasks.targets)."""
 
     name: str = "classifier"
+    task: str = "ampgan.tasks.classifier.ClassifierTask"  # the TaskBase subclass that trains it
     # a mindspore.nn.Cell mapping samples to (batch, classes) logits; ampgan's own: a small CNN with
     # BatchNorm (images) or an MLP (points), then a Dense head (+model.net.width=64 widens it)
     net: Any = field(default_factory=lambda: {"_target_": "ampgan.models.Classifier"})
@@ -297,6 +299,15 @@ class Settings:
     def is_gan(self) -> bool:
         return isinstance(self.model, WganGpConfig)
 
+    @property
+    def own_data(self) -> bool:
+        """The model reads its data itself (model=lm's text): the data group is not used."""
+        return hasattr(self.model, "data_name")
+
+    @property
+    def data_name(self) -> str:
+        return self.model.data_name if self.own_data else self.data.name
+
 
 MODELS = {"wgan_gp": WganGpConfig, "classifier": ClassifierConfig}
 
@@ -334,9 +345,33 @@ def schema_of(group: str, node: Any) -> type:
     if registry is None:
         return next(iter(SCHEMAS[group].values()))
     name = node.get("name") if isinstance(node, (DictConfig, dict)) else None
-    if name not in registry:
-        raise AmpganError(f"unknown {group} '{name}' (known: {', '.join(sorted(registry))})")
-    return registry[name]
+    if name in registry:
+        return registry[name]
+    if group == "model" and isinstance(node, (DictConfig, dict)) and node.get("task"):
+        return _task_class(node["task"]).Config
+    raise AmpganError(f"unknown {group} '{name}' (known: {', '.join(sorted(registry))}"
+                      f"{'; or a model with its own task: model.task=mypkg.MyTask' if group == 'model' else ''})")
+
+
+def _task_class(path: str) -> type:
+    """The task class `model.task` names; it carries its config schema as `Config`."""
+    from ampgan.config.targets import first_line, locate
+
+    try:
+        cls = locate(path)
+    except Exception as err:  # noqa: BLE001 - a user's task module: one line with its reason
+        raise AmpganError(f"model.task={path}: cannot import it ({type(err).__name__}: {first_line(err)})") from None
+    if not isinstance(cls, type) or not hasattr(cls, "Config"):
+        raise AmpganError(f"model.task: {path} is no task class (a TaskBase subclass with a Config dataclass)")
+    return cls
+
+
+def _check_task(model: Any) -> None:
+    """A model config and the task it names belong together (model.task on another model's schema
+    would build a task from settings it does not know)."""
+    expected = _task_class(model.task).Config
+    require(type(model) is expected, f"model.task={model.task} trains model configs of type {expected.__name__}, "
+                                     f"not model={model.name}: choose its model option instead")
 
 
 def _nonfinite_field(obj: Any) -> str | None:
@@ -406,6 +441,7 @@ def validate(cfg: DictConfig, cache: dict | None = None) -> Settings:
             cache[key] = obj
         built[group] = copy.deepcopy(cache[key])
     settings = Settings(**built)
+    _check_task(settings.model)
     for combination in COMBINATIONS:
         combination.check(settings)
     return settings
@@ -451,14 +487,14 @@ def _scaler_needs_health(s: Settings) -> None:
 
 @_combination("model.name", "data.name")
 def _classifier_needs_labels(s: Settings) -> None:
-    require(s.is_gan or s.data.name != "swissroll", "data=swissroll has no class labels: use it with model=wgan_gp")
+    require(s.is_gan or s.own_data or s.data.name != "swissroll", "data=swissroll has no class labels: use it with model=wgan_gp")
 
 
 @_combination("data.name", "data.n_train", "data.test_fraction", "data.seed", "data.source", "trainer.batch_size")
 def _batch_fits_the_data(s: Settings) -> None:
     from ampgan.data import train_size
 
-    n = train_size(s.data)
+    n = None if s.own_data else train_size(s.data)
     require(n is None or s.trainer.batch_size <= n,
             f"trainer.batch_size={s.trainer.batch_size} is larger than the {n} training samples of data={s.data.name}")
 

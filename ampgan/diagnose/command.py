@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ampgan import AmpganError
 from ampgan.config.schema import validate
-from ampgan.data import build_dataset
+from ampgan.tasks import load_data
 from ampgan.diagnose import report
 from ampgan.diagnose.config import diagnose_settings
 from ampgan.diagnose.pipeline import Analysis, analyse, framework_check, reference_for
@@ -127,7 +127,7 @@ def diagnose(cfg: DictConfig, run_dir: Path | None = None, echo=print) -> Result
         cfg = recorded_config(cfg, diagnosed)
         start = checkpoint_start(diagnosed, cfg)
     s = validate(cfg)
-    data = build_dataset(s.data)
+    data = load_data(s)
 
     def progress(msg: str) -> None:
         if dcfg.progress:
@@ -175,7 +175,7 @@ def publish(result: Result, cfg: DictConfig, s, diagnosed: str | None, run_dir: 
     tracker = build_tracker(tracking)
     v = result.verdict
     tags = {"ampgan.kind": "diagnose", "ampgan.verdict": v.name, "ampgan.layer": v.layer, "model": s.model.name,
-            "data": s.data.name, "amp": s.amp.level, "scaler": s.scaler.name}
+            "data": s.data_name, "amp": s.amp.level, "scaler": s.scaler.name}
     if diagnosed:
         tags["ampgan.diagnosed_run"] = diagnosed
         tags["ampgan.start_step"] = str(result.analysis.ref.start_step)

@@ -19,7 +19,7 @@ from ampgan.diagnose.replay import (Reference, Trace, build_seeded, fp32_twin_se
 from ampgan.diagnose.statistics import layer_rows, net_rel_err
 from ampgan.diagnose.verdict import Verdict, decide
 from ampgan.diagnose.probe import make_loader
-from ampgan.tasks import TASKS
+from ampgan.tasks import task_class
 
 
 @dataclass
@@ -46,7 +46,7 @@ class Analysis:
 
 def framework_check(s: Settings, data: Dataset, when: str, start: Path | None = None) -> FrameworkCheck | None:
     """The GP gradient check on a fresh pair of tasks (`when`: auto = only when jit is off)."""
-    if not TASKS[s.model.name].has_penalty or when == "never" or (when == "auto" and s.hardware.jit):
+    if not task_class(s).has_penalty or when == "never" or (when == "auto" and s.hardware.jit):
         return None
     amp_task = build_seeded(s, data, start)
     fp32_task = build_seeded(fp32_twin_settings(s), data, start)

@@ -111,7 +111,7 @@ def html(result, pngs: dict[str, bytes]) -> str:
     from ampgan.reporting.report import html_page
 
     s, v = result.analysis.settings, result.verdict
-    title = f"diagnose: {v.name} ({s.model.name}, {s.data.name}, amp {s.amp.level}, scaler {s.scaler.name})"
+    title = f"diagnose: {v.name} ({s.model.name}, {s.data_name}, amp {s.amp.level}, scaler {s.scaler.name})"
     return html_page(title, v.headline, result.rows, pngs, text=terminal(result))
 
 

@@ -3,6 +3,6 @@
 
 from ampgan.models.classifier import Backbone, Classifier, Head
 from ampgan.models.wgan_gp import Critic, Generator
-from ampgan.models.zoo import ResNet, VisionTransformer
+from ampgan.models.zoo import CausalTransformer, ResNet, VisionTransformer
 
-__all__ = ["Backbone", "Classifier", "Critic", "Generator", "Head", "ResNet", "VisionTransformer"]
+__all__ = ["Backbone", "CausalTransformer", "Classifier", "Critic", "Generator", "Head", "ResNet", "VisionTransformer"]

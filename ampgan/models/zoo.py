@@ -1,11 +1,12 @@
-"""Nets people actually train, small enough for the CPU: a ResNet and a pre-LayerNorm vision
-transformer. Each is a `model.net` target (`model.net._target_=ampgan.models.ResNet`) and takes
+"""Nets people actually train, small enough for the CPU: a ResNet, a pre-LayerNorm vision
+transformer and a causal transformer language model (model=lm). Each is a `model.net` target (`model.net._target_=ampgan.models.ResNet`) and takes
 the data's shape by name, as a user's net does.
 
 Their float16 hazards are the real ones: BatchNorm statistics and residual sums (ResNet); the
 q.k logits, the softmax, LayerNorm and GELU (transformer). Cell paths for `amp.keep_fp32`:
 `stem`, `stages.0.0.conv1`, `head` (ResNet); `patch`, `blocks.0.attn`, `blocks.0.attn.qkv`,
-`blocks.0.norm1`, `blocks.0.mlp`, `norm`, `head` (transformer).
+`blocks.0.norm1`, `blocks.0.mlp`, `norm`, `head` (transformer); `embed`, `blocks.0.attn`, `norm`,
+`head` (language model).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import math
 
 import mindspore as ms
+import numpy as np
 from mindspore import nn, ops
 from mindspore.common.initializer import TruncatedNormal, initializer
 
@@ -66,7 +68,8 @@ class ResNet(nn.Cell):
 class Attention(nn.Cell):
     """Multi-head self-attention: softmax(q k^T / sqrt(d)) v, heads merged by a Dense."""
 
-    def __init__(self, dim: int, heads: int):
+    def __init__(self, dim: int, heads: int, causal_len: int = 0):
+        """`causal_len` > 0: a causal mask for sequences up to that length (token i sees 0..i)."""
         super().__init__()
         if dim % heads:
             raise ValueError(f"dim {dim} is not a multiple of heads {heads}")
@@ -75,12 +78,17 @@ class Attention(nn.Cell):
         self.qkv = nn.Dense(dim, 3 * dim)
         self.proj = nn.Dense(dim, dim)
         self.softmax = nn.Softmax(axis=-1)
+        self.causal = causal_len > 0
+        # added to the logits: 0 where a token may look, -1e4 (finite in float16) where it may not
+        self.mask = ms.Tensor(np.triu(np.full((causal_len, causal_len), -1e4, np.float32), 1)) if self.causal else None
 
     def construct(self, x):
         b, n, d = x.shape
         qkv = self.qkv(x).reshape(b, n, 3, self.heads, self.head_dim).transpose(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]                         # (b, heads, n, head_dim)
         logits = ops.matmul(q, k.swapaxes(-1, -2)) * self.scale  # (b, heads, n, n)
+        if self.causal:
+            logits = logits + self.mask[:n, :n].astype(logits.dtype)
         out = ops.matmul(self.softmax(logits), v)                # (b, heads, n, head_dim)
         return self.proj(out.transpose(0, 2, 1, 3).reshape(b, n, d))
 
@@ -88,10 +96,10 @@ class Attention(nn.Cell):
 class Block(nn.Cell):
     """Pre-LayerNorm transformer block: x + attn(LN(x)), then x + MLP(LN(x)) with GELU."""
 
-    def __init__(self, dim: int, heads: int, mlp_ratio: int = 2):
+    def __init__(self, dim: int, heads: int, mlp_ratio: int = 2, causal_len: int = 0):
         super().__init__()
         self.norm1 = nn.LayerNorm((dim,))
-        self.attn = Attention(dim, heads)
+        self.attn = Attention(dim, heads, causal_len)
         self.norm2 = nn.LayerNorm((dim,))
         self.mlp = nn.SequentialCell([nn.Dense(dim, mlp_ratio * dim), nn.GELU(), nn.Dense(mlp_ratio * dim, dim)])
 
@@ -122,3 +130,22 @@ class VisionTransformer(nn.Cell):
         h = h.reshape(b, d, -1).transpose(0, 2, 1)           # (b, tokens, dim)
         h = self.blocks(h + self.pos.astype(h.dtype))
         return self.head(self.norm(h).mean(1))
+
+
+class CausalTransformer(nn.Cell):
+    """A GPT-style language model: token embedding, learned positions, pre-LN causal blocks, a
+    final LayerNorm and a Dense head to next-token logits `(batch, seq_len, vocab_size)`."""
+
+    def __init__(self, vocab_size: int, seq_len: int, dim: int = 64, depth: int = 2, heads: int = 4,
+                 mlp_ratio: int = 4):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, dim, embedding_table=TruncatedNormal(0.02))
+        self.pos = ms.Parameter(initializer(TruncatedNormal(0.02), (1, seq_len, dim), ms.float32), name="pos")
+        self.blocks = nn.SequentialCell([Block(dim, heads, mlp_ratio, causal_len=seq_len) for _ in range(depth)])
+        self.norm = nn.LayerNorm((dim,))
+        self.head = nn.Dense(dim, vocab_size)
+
+    def construct(self, tokens):
+        h = self.embed(tokens)                               # (b, n, dim)
+        h = self.blocks(h + self.pos[:, : tokens.shape[1]].astype(h.dtype))
+        return self.head(self.norm(h))

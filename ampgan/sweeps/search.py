@@ -249,9 +249,9 @@ def create(words: list[str], trials: int, storage: str | None, workers: int = 1)
     check(["-m", *fixed, *groups])  # every fixed value and every group option, one line if wrong
     settings = validate(_strip(_hydra().compose_config("train", overrides=fixed, run_mode=RunMode.RUN,
                                                      with_log_configuration=False)))
-    from ampgan.tasks import TASKS
+    from ampgan.tasks import task_class
 
-    direction = TASKS[settings.model.name].direction
+    direction = task_class(settings).direction
     if any(p.key in ("model", "model.name") for p in space):
         raise AmpganError("model: a search optimises one task's objective; search one model at a time")
     stamp = datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f")  # the layout of Hydra's sweep folders
@@ -262,7 +262,7 @@ def create(words: list[str], trials: int, storage: str | None, workers: int = 1)
     study = optuna.create_study(study_name=name, storage=open_storage(storage), direction=direction)
     study.set_user_attr("spec", {"fixed": fixed, "space": [vars(p) for p in space], "folder": str(folder),
                                  "trials": trials})
-    study.set_user_attr("objective", TASKS[settings.model.name].objective)
+    study.set_user_attr("objective", task_class(settings).objective)
     return storage, name, folder, direction
 
 

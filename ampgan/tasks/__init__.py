@@ -7,20 +7,33 @@ statuses: (step, flat metrics) per net), `layer_health()`, `nonfinite_run()`, `e
 `eval_picture(dir, step)` (samples over training), `save_pictures(dir)`, and for checkpoints `state_parameters()`, `host_state()`,
 `load_host_state()`. `GanTask` and `ClassifierTask` share everything below that through
 `ampgan.steps.common`.
+
+The model config names its task class (`model.task`), which carries the config's schema
+(`Config`): a new task kind is one module and one YAML (`ampgan.tasks.lm`, conf/model/lm.yaml).
 """
 
 from __future__ import annotations
 
 from ampgan.config.schema import Settings
+from ampgan.config.targets import locate
 from ampgan.data import Dataset
 from ampgan.tasks.base import SAMPLES_OVER_TIME, NetState, TaskBase
 from ampgan.tasks.classifier import ClassifierTask
 from ampgan.tasks.gan import GanTask
 
-__all__ = ["SAMPLES_OVER_TIME", "TASKS", "ClassifierTask", "GanTask", "NetState", "TaskBase", "build_task"]
+__all__ = ["SAMPLES_OVER_TIME", "ClassifierTask", "GanTask", "NetState", "TaskBase", "build_task", "load_data",
+           "task_class"]
 
-TASKS = {"wgan_gp": GanTask, "classifier": ClassifierTask}
+
+def task_class(s: Settings) -> type[TaskBase]:
+    """The task class the model config names (`model.task`; validation has imported it)."""
+    return locate(s.model.task)
+
+
+def load_data(s: Settings) -> Dataset:
+    """The task's data: the data group's set, or what a task that reads its own loads (model=lm)."""
+    return task_class(s).load_data(s)
 
 
 def build_task(s: Settings, data: Dataset):
-    return TASKS[s.model.name](s, data)
+    return task_class(s)(s, data)

@@ -9,7 +9,7 @@ import mindspore as ms
 import numpy as np
 from ampgan.amp.health import HEALTH_FIELDS, grad_health, no_health
 from ampgan.config.schema import Settings
-from ampgan.data import Batches
+from ampgan.data import Batches, build_dataset
 from ampgan.steps.common import Step
 
 
@@ -135,6 +135,11 @@ class TaskBase:
     # the attributes that hold the compiled steps and what they close over (nets, optimizers,
     # scalers): `ampgan.graph_pool` hands a pooled task's to a fresh task of the same structure
     GRAPH_ATTRS: tuple[str, ...] = ("nets", "optimizers", "scalers")
+
+    @staticmethod
+    def load_data(s: Settings):
+        """The data this task trains on: the data group's (a task that reads its own overrides it)."""
+        return build_dataset(s.data)
 
     has_penalty = False   # a gradient penalty (a second-order gradient): diagnose checks it against finite differences
 

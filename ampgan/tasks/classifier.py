@@ -8,7 +8,7 @@ import numpy as np
 from mindspore import mint
 from ampgan.amp.policy import apply_amp, check_keep_paths
 from ampgan.amp.scalers import build_scaler
-from ampgan.config.schema import Settings
+from ampgan.config.schema import ClassifierConfig, Settings
 from ampgan.data import Batches, Dataset
 from ampgan.tasks.metrics import confusion_matrix, softmax_cross_entropy
 from ampgan.steps.classifier import LOSSES, build_classifier_step, classifier_loss_fn
@@ -18,15 +18,16 @@ from ampgan.tasks.targets import build_net, check_classifier_fits, data_shape_ar
 
 
 class ClassifierTask(TaskBase):
+    Config = ClassifierConfig
     objective = "eval/accuracy"
     direction = "maximize"
     GRAPH_ATTRS = TaskBase.GRAPH_ATTRS + ("net", "net_amp", "loss")
 
     def __init__(self, s: Settings, data: Dataset):
         self.data = data
-        self.net = build_net(s.model.net, "model.net", data_shape_args(data.sample_shape, data.n_classes))
+        self.net = build_net(s.model.net, "model.net", self.given(s, data))
         self.loss = instantiate(s.model.loss, "model.loss")
-        check_classifier_fits(self.net, self.loss, data.x_train, data.y_train, data.n_classes)
+        check_classifier_fits(self.net, self.loss, data.x_train, data.y_train, self.logits_shape(data))
         self.fp32_loss = s.amp.fp32_loss
         check_keep_paths({"": self.net}, s.amp.keep_fp32)
         net_amp = apply_amp(self.net, s.amp.level, s.amp.keep_fp32)
@@ -41,6 +42,16 @@ class ClassifierTask(TaskBase):
                                      fp32_loss=s.amp.fp32_loss, jit=s.hardware.jit)
         self.state = NetState("train", step)
         self.batches = Batches(data.x_train, data.y_train, s.trainer.batch_size, s.trainer.seed)
+
+    @staticmethod
+    def given(s: Settings, data: Dataset) -> dict:
+        """What the net's constructor may take by name (see `ampgan.config.targets.instantiate`)."""
+        return data_shape_args(data.sample_shape, data.n_classes)
+
+    @staticmethod
+    def logits_shape(data: Dataset) -> tuple[int, ...]:
+        """One sample's logits: (classes,)."""
+        return (data.n_classes,)
 
     def states(self) -> list[NetState]:
         return [self.state]

@@ -9,7 +9,7 @@ from mindspore import mint, ops
 from ampgan.reporting import plots
 from ampgan.amp.policy import apply_amp, check_keep_paths, shared_fp32_twin
 from ampgan.amp.scalers import build_scaler
-from ampgan.config.schema import Settings
+from ampgan.config.schema import Settings, WganGpConfig
 from ampgan.data import Batches, Dataset
 from ampgan.tasks.metrics import mode_coverage, sliced_wasserstein
 from ampgan.steps.gan import CRITIC_LOSSES, GENERATOR_LOSSES, build_gan_steps, critic_loss_fn, generator_loss_fn
@@ -18,6 +18,7 @@ from ampgan.tasks.targets import build_net, check_gan_fits, data_shape_args
 
 
 class GanTask(TaskBase):
+    Config = WganGpConfig
     objective = "eval/swd"
     direction = "minimize"
     GRAPH_ATTRS = TaskBase.GRAPH_ATTRS + ("gen", "critic", "gen_amp", "critic_amp", "critic_gp")

@@ -54,18 +54,19 @@ def _door_forward(net, inputs: np.ndarray, key: str, what: str):
         net.set_train(training)
 
 
-def check_classifier_fits(net, loss, x: np.ndarray, y: np.ndarray, num_classes: int, key: str = "model.net") -> None:
-    """One FP32 forward pass on two training samples: the net must map them to (2, num_classes)
-    logits that the loss accepts. Any failure is one line naming what to change."""
+def check_classifier_fits(net, loss, x: np.ndarray, y: np.ndarray, logits_shape: tuple[int, ...],
+                          key: str = "model.net") -> None:
+    """One FP32 forward pass on two training samples: the net must map them to logits of shape
+    (2, *logits_shape) (the last axis: one per class) that the loss accepts. Any failure is one
+    line naming what to change."""
     import mindspore as ms
 
     x, y = x[:2], y[:2]
     out = _door_forward(net, x, key, "the data's samples")
-    shape = tuple(getattr(out, "shape", ()))
-    if shape != (len(x), num_classes):
+    shape, want = tuple(getattr(out, "shape", ())), (len(x), *logits_shape)
+    if shape != want:
         raise AmpganError(f"{key}: the net maps samples of shape {tuple(x.shape)} to {shape or type(out).__name__}; "
-                          f"the loss needs logits of shape ({len(x)}, {num_classes}) for the {num_classes} classes "
-                          "of the data")
+                          f"the loss needs logits of shape {want} for the {want[-1]} classes of the data")
     try:
         value = loss(out.astype(ms.float32), ms.Tensor(y))
     except Exception as err:  # noqa: BLE001

@@ -30,8 +30,7 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
     continues from its last full-state checkpoint, in its own folder and MLflow run.
     """
     from ampgan.training import checkpoint, graph_pool, hardware
-    from ampgan.data import build_dataset
-    from ampgan.tasks import build_task
+    from ampgan.tasks import build_task, load_data
     from ampgan.tracking.tracker import flatten
 
     _pin_sources()
@@ -47,7 +46,7 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
         settings = validate(cfg)
         run_dir = checkpoint.run_folder_of(resume)
     hardware.setup(settings.hardware, settings.trainer.seed)
-    data = build_dataset(settings.data)
+    data = load_data(settings)
     task = build_task(settings, data)
     host = checkpoint.load(task, resume) if resume is not None else {}
     reused = settings.trainer.reuse_compiled and graph_pool.lend_graphs(task, settings)  # a sweep's next job: no compile
@@ -248,7 +247,7 @@ def _run_name(s: Settings) -> str:
     from ampgan.sweeps.runs import job_run_name  # a sweep's job: what varies, e.g. o2-fixed_clip-clip_norm=2-seed0
 
     return (s.tracking.run_name or job_run_name(s.amp.level, s.scaler.name, s.trainer.seed)
-            or f"{s.model.name}-{s.data.name}-{s.amp.level.lower()}-{s.scaler.name}")
+            or f"{s.model.name}-{s.data_name}-{s.amp.level.lower()}-{s.scaler.name}")
 
 
 def _hydra_output_dir() -> Path | None:
@@ -258,7 +257,7 @@ def _hydra_output_dir() -> Path | None:
 
 
 def _tags(s: Settings, run_dir: Path) -> dict[str, str]:
-    tags = {"model": s.model.name, "data": s.data.name, "amp": s.amp.level, "scaler": s.scaler.name,
+    tags = {"model": s.model.name, "data": s.data_name, "amp": s.amp.level, "scaler": s.scaler.name,
             "hardware": s.hardware.device, "git_commit": _git_commit(), "output_dir": str(run_dir)}
     from hydra.core.hydra_config import HydraConfig
 
