@@ -9,7 +9,8 @@ adjust the scale, update only when finite, all under `ms.jit`. A loop fetches it
 - `BareWganGp`: WGAN-GP, the critic step with the gradient penalty by double backprop, then
   the generator step. The nets follow the data as in ampgan: MLPs for 2-D points, small conv
   nets for images (digits). Read it beside ampgan/steps/gan.py and ampgan/steps/common.py.
-- `BareClassifier`: the backbone + head classifier, softmax cross-entropy. Read it beside
+- `BareClassifier`: the backbone + head classifier (or any net of the zoo), softmax
+  cross-entropy; over every position for the language model. Read it beside
   ampgan/steps/classifier.py.
 
 What the loops share is what a user writing both would share too: the tutorial's step and an
@@ -129,8 +130,9 @@ class BareClassifier:
         optimizer = mint.optim.Adam(net.trainable_params(), lr=lr, betas=betas)
         scaler = amp.DynamicLossScaler(init_scale, factor, window)
 
-        def loss_fn(x, y):
-            return ops.cross_entropy(net(x).astype(ms.float32), y)
+        def loss_fn(x, y):  # logits (batch, classes), or (batch, seq, vocab) for a language model
+            logits = net(x).astype(ms.float32)
+            return ops.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
         self.step = train_step(loss_fn, net.trainable_params(), optimizer, scaler)
         self.x, self.y = x_train, y_train

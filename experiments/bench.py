@@ -48,8 +48,8 @@ from hydra import compose, initialize_config_dir
 from ampgan import report_error
 from ampgan.training import hardware  # first: it quiets MindSpore's C++ logging before MindSpore loads
 from ampgan.config.schema import CONF_DIR, Settings, outputs_dir, validate
-from ampgan.data import Dataset, build_dataset
-from ampgan.tasks import build_task
+from ampgan.data import Dataset
+from ampgan.tasks import build_task, load_data, task_class
 from ampgan.tracking.tracker import MlflowTracker
 from ampgan.training.entry import build_run_tracker
 from ampgan.training.loop import Progress, run_steps, tracked_run
@@ -63,6 +63,7 @@ CONV_GAN = ["model=wgan_gp", "data=digits", "data.image_size=8", "model.hidden=1
 CLASSIFIER = ["model=classifier", "data=digits", "trainer=classifier", *PERIODIC_OFF]
 RESNET = [*CLASSIFIER, "model.net._target_=ampgan.models.ResNet"]
 TRANSFORMER = [*CLASSIFIER, "model.net._target_=ampgan.models.VisionTransformer"]
+LANGUAGE_MODEL = ["model=lm", "trainer=classifier", "trainer.batch_size=64", *PERIODIC_OFF]
 O2_DYNAMIC = ["amp=o2", "scaler=dynamic"]
 LIKE_BARE = ["trainer.grad_health=false", "tracking=none"]  # what the bare loops leave out
 
@@ -87,6 +88,8 @@ BARE_MODELS = [
     ("ampgan vs bare MindSpore: classifier (digits, O2 dynamic, health off, no tracking)", CLASSIFIER, 0.125),
     ("ampgan vs bare MindSpore: ResNet (digits, O2 dynamic, health off, no tracking)", RESNET, 0.125),
     ("ampgan vs bare MindSpore: vision transformer (digits, O2 dynamic, health off, no tracking)", TRANSFORMER, 0.25),
+    ("ampgan vs bare MindSpore: language model (Python's docstrings, O2 dynamic, health off, no tracking)",
+     LANGUAGE_MODEL, 0.5),
 ]
 
 CI_LEVEL = 0.95
@@ -151,7 +154,7 @@ class AmpganRunner:
         if s.tracking.backend == "mlflow":
             s.tracking.uri = store
         hardware.setup(s.hardware, s.trainer.seed)
-        self.task = build_task(s, build_dataset(s.data))
+        self.task = build_task(s, load_data(s))
         self.run_dir = Path(tempfile.mkdtemp(prefix="ampgan-bench-"))
         self.tracker, _ = build_run_tracker(s, self.run_dir)  # journals metrics in the run folder, as train() does
         self.tracker.start("bench-variant", {}, {"bench": "variant"})
@@ -177,19 +180,19 @@ def _bare_wgan_gp(s: Settings, data: Dataset) -> BareWganGp:
 
 def _bare_classifier(s: Settings, data: Dataset) -> BareClassifier:
     from ampgan.config.targets import instantiate
-    from ampgan.tasks.targets import data_shape_args
 
     m, sc = s.model, s.scaler
 
     def make_net():  # the same model.net target ampgan builds, with the same data arguments
-        return instantiate(m.net, "model.net", data_shape_args(data.sample_shape, data.n_classes))
+        return instantiate(m.net, "model.net", task_class(s).given(s, data))
 
     return BareClassifier(data.x_train, data.y_train, make_net=make_net,
                           batch_size=s.trainer.batch_size, lr=m.lr, betas=tuple(m.betas), amp_level=s.amp.level,
                           init_scale=sc.init_scale, factor=sc.factor, window=sc.window, seed=s.trainer.seed)
 
 
-BARE_LOOPS = {"wgan_gp": _bare_wgan_gp, "classifier": _bare_classifier}  # model.name -> its bare loop
+# model.name -> its bare loop (the language model is a classifier over every position of a window)
+BARE_LOOPS = {"wgan_gp": _bare_wgan_gp, "classifier": _bare_classifier, "lm": _bare_classifier}
 
 
 class BareRunner:
@@ -198,7 +201,7 @@ class BareRunner:
     def __init__(self, overrides: list[str], device: str):
         s = settings_for(overrides, device)
         hardware.setup(s.hardware, s.trainer.seed)
-        self.loop = BARE_LOOPS[s.model.name](s, build_dataset(s.data))
+        self.loop = BARE_LOOPS[s.model.name](s, load_data(s))
 
     def run(self, iterations: int) -> None:
         self.loop.run(iterations)
@@ -304,7 +307,7 @@ def diagnose_cost(store: str, device: str, quick: bool, repeats: int = 5) -> lis
     rounds = max(3, repeats) + (0 if quick else 3)
     overrides = GAN + O2_DYNAMIC + ["tracking=none"]
     s = settings_for(overrides, device)
-    data = build_dataset(s.data)
+    data = load_data(s)
     runner = AmpganRunner(overrides, store, device)
     runner.run(2)
     diag, train, twin, amp = [], [], [], []

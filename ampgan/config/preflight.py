@@ -36,6 +36,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 
 from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -77,8 +78,15 @@ def check(argv: list[str], config_name: str = "train", extra: Extra | None = Non
     args = _parse_args(argv)
     if args.help or args.hydra_help or args.info or args.shell_completion or args.cfg:
         return
+    dirs, overrides = [CONF_DIR], list(args.overrides)
+    if args.config_dir:  # `--config-dir DIR`: Hydra searches DIR too (a user's own options, e.g. model=mine)
+        extra_dir = Path(args.config_dir).resolve()
+        if not extra_dir.is_dir():
+            raise AmpganError(f"--config-dir {args.config_dir}: no such folder")
+        dirs.append(extra_dir)
+        overrides.insert(0, f"hydra.searchpath=['file://{extra_dir}']")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        _Preflight(args.config_name or config_name, list(args.overrides), args.multirun, extra).run()
+        _Preflight(args.config_name or config_name, overrides, args.multirun, extra, dirs).run()
 
 
 def run_checked(main: Callable[[], object], config_name: str = "train", extra: Extra | None = None) -> None:
@@ -100,9 +108,8 @@ def _parse_args(argv: list[str]):
     return parser.parse_args(argv)
 
 
-def _conf_options(group: str) -> list[str]:
-    folder = CONF_DIR / group
-    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+def _conf_options(group: str, dirs: list[Path]) -> list[str]:
+    return sorted({p.stem for d in dirs if (d / group).is_dir() for p in (d / group).glob("*.yaml")})
 
 
 def _first_line(err: BaseException) -> str:
@@ -128,8 +135,10 @@ class _Dim:
 
 
 class _Preflight:
-    def __init__(self, config_name: str, overrides: list[str], multirun: bool, extra: Extra | None):
+    def __init__(self, config_name: str, overrides: list[str], multirun: bool, extra: Extra | None,
+                 dirs: list[Path] | None = None):
         self.config_name, self.overrides, self.multirun, self.extra = config_name, overrides, multirun, extra
+        self.dirs = dirs or [CONF_DIR]   # the config folders Hydra searches: conf/, then a --config-dir
         self.hydra = GlobalHydra.instance().hydra
         self.parser = OverridesParser.create(config_loader=self.hydra.config_loader)
         self.bases: dict[tuple[str, ...], DictConfig] = {}
@@ -189,7 +198,7 @@ class _Preflight:
         group = ov.key_or_group
         if not group:
             raise AmpganError(f"{ov.input_line}: the override names no key (the form is key=value)")
-        options = _conf_options(group)
+        options = _conf_options(group, self.dirs)
         if ov.is_hydra_override() or ov.is_delete() or not options or ov.package is not None:
             return
         if ov.is_interval_sweep():
@@ -299,8 +308,7 @@ class _Preflight:
     def interpolated(self) -> dict[str, set[str]]:
         """group -> groups its values interpolate, read from every YAML file in conf/."""
         deps: dict[str, set[str]] = {}
-        for path in CONF_DIR.rglob("*.yaml"):
-            rel = path.relative_to(CONF_DIR)
+        for path, rel in ((p, p.relative_to(d)) for d in self.dirs for p in d.rglob("*.yaml")):
             if rel.parts[0] == "hydra":
                 continue
             text = path.read_text()
@@ -355,7 +363,7 @@ class _Preflight:
 
     @cached_property
     def _groups(self) -> set[str]:
-        return {p.name for p in CONF_DIR.iterdir() if p.is_dir()}
+        return {p.name for d in self.dirs for p in d.iterdir() if p.is_dir()}
 
     def _parsed(self, word: str) -> Override:
         if word not in self.parsed:

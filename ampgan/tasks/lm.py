@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,15 +35,17 @@ def python_docs(modules: list[str] | tuple[str, ...] = DOC_MODULES, max_chars: i
     """The docstrings of `modules` and of their public classes, functions and methods, in a fixed
     order, up to `max_chars` characters: English prose about code, shipped with every Python."""
     parts: list[str] = []
-    for name in modules:
-        module = importlib.import_module(name)
-        objects = [module] + [v for k, v in sorted(vars(module).items())
-                              if not k.startswith("_") and (inspect.isclass(v) or inspect.isfunction(v))
-                              and getattr(v, "__module__", None) == name]
-        for obj in objects:
-            members = [obj] + ([v for k, v in sorted(vars(obj).items()) if not k.startswith("_") and inspect.isfunction(v)]
-                               if inspect.isclass(obj) else [])
-            parts.extend(inspect.cleandoc(m.__doc__) for m in members if m.__doc__)
+    with warnings.catch_warnings():   # typing's deprecated submodules (typing.io, typing.re) warn when looked at
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for name in modules:
+            module = importlib.import_module(name)
+            objects = [module] + [v for k, v in sorted(vars(module).items())
+                                  if not k.startswith("_") and (inspect.isclass(v) or inspect.isfunction(v))
+                                  and getattr(v, "__module__", None) == name]
+            for obj in objects:
+                methods = ([v for k, v in sorted(vars(obj).items()) if not k.startswith("_") and inspect.isfunction(v)]
+                           if inspect.isclass(obj) else [])
+                parts.extend(inspect.cleandoc(m.__doc__) for m in [obj, *methods] if m.__doc__)
     return "\n\n".join(parts)[:max_chars]
 
 
@@ -94,6 +97,7 @@ class LanguageModelConfig(ClassifierConfig):
     test_fraction: float = MISSING
     lr: float = MISSING
     betas: tuple[float, float] = MISSING
+    optimizer: Any = MISSING
 
     def __post_init__(self) -> None:
         super().__post_init__()
