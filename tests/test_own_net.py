@@ -128,6 +128,12 @@ DOOR = {
     "target that is no cell": (["model.net._target_=builtins.dict"], "not a mindspore.nn.Cell"),
     "data of the wrong dtype": (["data=custom", "data.source._target_=mynets.object_samples"],
                                 "data.source: mynets.object_samples's x_train has dtype object; samples must be numbers"),
+    "optimizer that does not take the parameters": (["model.optimizer._target_=builtins.dict"],
+                                                    "model.optimizer: builtins.dict(the net's parameters) failed: "),
+    "optimizer that is no cell": (["model.optimizer._target_=builtins.list"],
+                                  "model.optimizer: builtins.list gave a list, not an optimizer Cell"),
+    "optimizer argument it does not take": (["model.optimizer._target_=mindspore.mint.optim.SGD",
+                                             "+model.optimizer.momentun=0.9"], "(did you mean momentum?)"),
     "data of the wrong shape": (["data=custom", "data.source._target_=mynets.images_without_channels"],
                                 "x_train has shape (8, 8, 8); want (N, C, H, W) images or (N, F) points"),
 }
@@ -160,6 +166,35 @@ def test_bad_wgan_nets_are_one_line_and_no_run(case, user_package, outputs):
     assert message in str(err.value) and "\n" not in str(err.value)
     _, runs = all_runs(outputs)
     assert runs == []
+
+
+def test_an_optimizer_of_the_users_choice_trains_checkpoints_and_resumes(outputs):
+    """SGD with momentum as a partial target: it gets lr by name (not Adam's betas, which SGD does not
+    take), and its momentum buffers are checkpointed with the run."""
+    sgd = ["model.optimizer._target_=mindspore.mint.optim.SGD", "+model.optimizer.momentum=0.9", "model.lr=0.05"]
+    done = run_cli("model=classifier", "data=digits", *sgd, *SHORT, outputs=outputs)
+    assert done.returncode == 0, done.stderr[-2000:]
+    client, runs = all_runs(outputs)
+    run = runs[0]
+    assert run.data.params["model.optimizer._target_"] == "mindspore.mint.optim.SGD"
+    losses = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "train/loss"), key=lambda m: m.step)]
+    assert losses[-1] < losses[0]
+    resumed = run_cli("model=classifier", "data=digits", *sgd, *SHORT, "trainer.max_steps=10",
+                      f"trainer.resume={run.info.run_id}", outputs=outputs)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    client, runs = all_runs(outputs)
+    assert len(runs) == 1 and max(m.step for m in client.get_metric_history(run.info.run_id, "train/loss")) == 10
+
+
+def test_a_step_mindspore_cannot_compile_is_one_line_and_a_failed_run(outputs):
+    """mint.optim.AdamW builds, but MindSpore 2.10 has no AdamW kernel on CPU: the first step fails."""
+    done = run_cli("model=classifier", "data=digits", "model.optimizer._target_=mindspore.mint.optim.AdamW", *SHORT,
+                   outputs=outputs)
+    errors = [ln for ln in done.stderr.splitlines() if ln.strip() and " INFO " not in ln and "INFO mlflow" not in ln]
+    assert done.returncode == 2 and len(errors) == 1, errors[-5:]
+    assert errors[0].startswith("ampgan: error: the first training step failed (RuntimeError: Unsupported op [AdamW] on CPU")
+    _, runs = all_runs(outputs)
+    assert [r.info.status for r in runs] == ["FAILED"] and "AdamW" in runs[0].data.tags["error"]
 
 
 def test_no_production_net_or_schema_carries_a_planted_failure_knob():

@@ -64,11 +64,14 @@ class WganGpConfig:
     # other data shape arguments) by name if its constructor names them (ampgan.tasks.targets)
     generator: Any = field(default_factory=lambda: {"_target_": "ampgan.models.Generator"})  # z -> sample
     critic: Any = field(default_factory=lambda: {"_target_": "ampgan.models.Critic"})        # sample -> (batch,) score
+    # the optimizer, a partial: ampgan calls it with the net's parameters, and passes lr_g or lr_d and betas
+    # (above) if it names them and sets none of its own (e.g. mindspore.mint.optim.SGD +model.optimizer.momentum=0.9)
+    optimizer: Any = field(default_factory=lambda: {"_target_": "mindspore.mint.optim.Adam", "_partial_": True})
 
     def __post_init__(self) -> None:
         from ampgan.config.targets import resolve_target
 
-        for key in ("generator", "critic"):
+        for key in ("generator", "critic", "optimizer"):
             resolve_target(getattr(self, key), f"model.{key}")  # imports it: a sweep's preflight stops a bad one
         _check_size("model.z_dim", self.z_dim, MAX_WIDTH)
         _check_size("model.hidden", self.hidden, MAX_WIDTH)
@@ -93,11 +96,14 @@ class ClassifierConfig:
     loss: Any = field(default_factory=lambda: {"_target_": "mindspore.nn.CrossEntropyLoss"})
     lr: float = 3e-3
     betas: tuple[float, float] = (0.9, 0.999)
+    # the optimizer, a partial: ampgan calls it with the net's parameters, and passes lr and betas
+    # (above) if it names them and sets none of its own (e.g. mindspore.mint.optim.SGD +model.optimizer.momentum=0.9)
+    optimizer: Any = field(default_factory=lambda: {"_target_": "mindspore.mint.optim.Adam", "_partial_": True})
 
     def __post_init__(self) -> None:
         from ampgan.config.targets import resolve_target
 
-        for key in ("net", "loss"):
+        for key in ("net", "loss", "optimizer"):
             resolve_target(getattr(self, key), f"model.{key}")  # imports it: a sweep's preflight stops a bad one
         _check_adam("model", self.lr, self.betas)
 
@@ -348,7 +354,9 @@ def schema_of(group: str, node: Any) -> type:
     if name in registry:
         return registry[name]
     if group == "model" and isinstance(node, (DictConfig, dict)) and node.get("task"):
-        return _task_class(node["task"]).Config
+        schema = _task_class(node["task"]).Config
+        _require_task_fits(node["task"], schema, schema not in MODELS.values(), name)
+        return schema
     raise AmpganError(f"unknown {group} '{name}' (known: {', '.join(sorted(registry))}"
                       f"{'; or a model with its own task: model.task=mypkg.MyTask' if group == 'model' else ''})")
 
@@ -370,8 +378,12 @@ def _check_task(model: Any) -> None:
     """A model config and the task it names belong together (model.task on another model's schema
     would build a task from settings it does not know)."""
     expected = _task_class(model.task).Config
-    require(type(model) is expected, f"model.task={model.task} trains model configs of type {expected.__name__}, "
-                                     f"not model={model.name}: choose its model option instead")
+    _require_task_fits(model.task, expected, type(model) is expected, model.name)
+
+
+def _require_task_fits(path: str, schema: type, ok: bool, name: Any) -> None:
+    require(ok, f"model.task={path} trains model configs of type {schema.__name__}, not model={name}: "
+                "choose its model option instead")
 
 
 def _nonfinite_field(obj: Any) -> str | None:

@@ -56,23 +56,34 @@ def _named_parameters(obj) -> set[str]:
 def instantiate(node: dict, key: str, given: dict[str, Any] | None = None):
     """Build `node` with `hydra.utils.instantiate`, adding those of `given` that the target's
     signature names (not merely `**kwargs`) and the node does not set; any failure is one
-    AmpganError line naming `key` (with the closest parameter for a mistyped argument)."""
+    AmpganError line naming `key` (with the closest parameter for a mistyped argument).
+
+    The given values reach the target as they are (a tuple stays a tuple: Hydra would wrap
+    them in its config types). A `_partial_: true` node gives a partial with them bound."""
+    import functools
+
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate as hydra_instantiate
 
-    target, obj = node["_target_"], resolve_target(node, key)
-    named = _named_parameters(obj)
+    named = _named_parameters(resolve_target(node, key))
     extra = {k: v for k, v in (given or {}).items() if k in named and k not in node}
     try:
-        return hydra_instantiate(node, **extra)
-    except InstantiationException as err:
-        cause = err.__cause__ or err
-        msg = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
-        args = ", ".join(f"{k}={v}" for k, v in {**{k: v for k, v in node.items() if not k.startswith("_")},
-                                                 **extra}.items())
-        bad = re.search(r"unexpected keyword argument '([^']+)'", msg)
-        hint = closest(bad.group(1), named) if bad else ""
-        raise AmpganError(f"{key}: {target}({args}) failed: {type(cause).__name__}: {msg}{hint}") from None
+        build = hydra_instantiate({**node, "_partial_": True})
+        return functools.partial(build, **extra) if node.get("_partial_") else build(**extra)
+    except Exception as err:  # noqa: BLE001 - the user's target: one line with its reason
+        cause = (err.__cause__ or err) if isinstance(err, InstantiationException) else err
+        raise call_failed(key, node, cause, extra) from None
+
+
+def call_failed(key: str, node: dict, err: BaseException, extra: dict | None = None, first: str = "") -> AmpganError:
+    """The one line for a target whose call failed: `key: target(first, args) failed: Error: reason`,
+    with the closest parameter for a mistyped argument."""
+    msg = first_line(err) if str(err) else type(err).__name__
+    args = [first] if first else []
+    args += [f"{k}={v}" for k, v in {**{k: v for k, v in node.items() if not k.startswith("_")}, **(extra or {})}.items()]
+    bad = re.search(r"unexpected keyword argument '([^']+)'", msg)
+    hint = closest(bad.group(1), _named_parameters(resolve_target(node, key))) if bad else ""
+    return AmpganError(f"{key}: {node['_target_']}({', '.join(args)}) failed: {type(err).__name__}: {msg}{hint}")
 
 
 def first_line(err: BaseException) -> str:

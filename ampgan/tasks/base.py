@@ -201,7 +201,7 @@ class TaskBase:
             for param in net.trainable_params():
                 out.setdefault(f"{group}/{param.name}", param)
         for group, opt in self.optimizers.items():
-            for i, lr in enumerate(opt.lrs):
+            for i, lr in enumerate(getattr(opt, "lrs", ())):   # mint optimizers: a Parameter per group
                 out[f"{group}/lr{i}"] = lr
         for group, scaler in self.scalers.items():
             for attr in scaler.hyperparameters:

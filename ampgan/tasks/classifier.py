@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 import mindspore as ms
 import numpy as np
-from mindspore import mint
 from ampgan.amp.policy import apply_amp, check_keep_paths
 from ampgan.amp.scalers import build_scaler
 from ampgan.config.schema import ClassifierConfig, Settings
@@ -14,7 +13,7 @@ from ampgan.tasks.metrics import confusion_matrix, softmax_cross_entropy
 from ampgan.steps.classifier import LOSSES, build_classifier_step, classifier_loss_fn
 from ampgan.tasks.base import NetState, Optimised, TaskBase, health_fn
 from ampgan.config.targets import instantiate
-from ampgan.tasks.targets import build_net, check_classifier_fits, data_shape_args
+from ampgan.tasks.targets import build_net, build_optimizer, check_classifier_fits, data_shape_args
 
 
 class ClassifierTask(TaskBase):
@@ -34,7 +33,7 @@ class ClassifierTask(TaskBase):
         net_amp.set_train(True)  # cells start in inference mode: BatchNorm would use its moving statistics
         self.net_amp = net_amp
         self.nets = {"train": net_amp}   # one name for the one optimised net: its metrics are train/...
-        opt = mint.optim.Adam(net_amp.trainable_params(), lr=s.model.lr, betas=tuple(s.model.betas))
+        opt = build_optimizer(s.model.optimizer, "model.optimizer", net_amp.trainable_params(), s.model.lr, s.model.betas)
         self.optimizers = {"train.opt": opt}
         self.scalers = {"train.scaler": build_scaler(s.scaler, "train.scaler")}
         self.rngs = {}

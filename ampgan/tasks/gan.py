@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 import mindspore as ms
 import numpy as np
-from mindspore import mint, ops
+from mindspore import ops
 from ampgan.reporting import plots
 from ampgan.amp.policy import apply_amp, check_keep_paths, shared_fp32_twin
 from ampgan.amp.scalers import build_scaler
@@ -14,7 +14,7 @@ from ampgan.data import Batches, Dataset
 from ampgan.tasks.metrics import mode_coverage, sliced_wasserstein
 from ampgan.steps.gan import CRITIC_LOSSES, GENERATOR_LOSSES, build_gan_steps, critic_loss_fn, generator_loss_fn
 from ampgan.tasks.base import SAMPLES_OVER_TIME, NetState, Optimised, TaskBase, health_fn
-from ampgan.tasks.targets import build_net, check_gan_fits, data_shape_args
+from ampgan.tasks.targets import build_net, build_optimizer, check_gan_fits, data_shape_args
 
 
 class GanTask(TaskBase):
@@ -46,8 +46,8 @@ class GanTask(TaskBase):
         self.nets = {"gen": gen_amp, "critic": critic_amp}
         self.critic_gp = twin if twin is not None else critic_amp  # the net the penalty runs through
         self.gp_lambda = m.gp_lambda
-        opt_g = mint.optim.Adam(gen_amp.trainable_params(), lr=m.lr_g, betas=tuple(m.betas))
-        opt_d = mint.optim.Adam(critic_amp.trainable_params(), lr=m.lr_d, betas=tuple(m.betas))
+        opt_g = build_optimizer(m.optimizer, "model.optimizer", gen_amp.trainable_params(), m.lr_g, m.betas)
+        opt_d = build_optimizer(m.optimizer, "model.optimizer", critic_amp.trainable_params(), m.lr_d, m.betas)
         self.optimizers = {"gen.opt": opt_g, "critic.opt": opt_d}
         self.scalers = {"gen.scaler": build_scaler(s.scaler, "gen.scaler"),
                         "critic.scaler": build_scaler(s.scaler, "critic.scaler")}

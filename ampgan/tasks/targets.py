@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ampgan import AmpganError
-from ampgan.config.targets import first_line, instantiate
+from ampgan.config.targets import call_failed, first_line, instantiate
 
 def data_shape_args(sample_shape: tuple[int, ...], num_classes: int) -> dict[str, Any]:
     """What a net may be given from the data: sample_shape ((C, H, W) or (F,)), num_classes,
@@ -85,3 +85,19 @@ def check_gan_fits(gen, critic, z_dim: int, x: np.ndarray) -> None:
         if got != shape:
             raise AmpganError(f"{key}: the net maps inputs of shape {tuple(inputs.shape)} to {got}; "
                               f"WGAN-GP needs {shape}")
+
+
+def build_optimizer(node: dict, key: str, params: list, lr: float, betas) -> object:
+    """The optimizer of `params`: `node` is a partial (`_partial_: true` is implied) given lr and
+    betas by name where its signature names them; it must be a Cell (the compiled step calls it)."""
+    from mindspore import nn
+
+    made = instantiate({**node, "_partial_": True}, key, {"lr": lr, "betas": tuple(betas)})
+    try:
+        opt = made(params)
+    except Exception as err:  # noqa: BLE001 - the user's optimizer: one line with its reason
+        raise call_failed(key, node, err, first="the net's parameters") from None
+    if not isinstance(opt, nn.Cell):
+        raise AmpganError(f"{key}: {node['_target_']} gave a {type(opt).__name__}, not an optimizer Cell "
+                          "(mindspore.mint.optim.* or mindspore.nn.* optimizers)")
+    return opt

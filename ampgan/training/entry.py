@@ -67,6 +67,15 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
         if settings.trainer.requeue and tracker.run_id:  # the scheduler will start this job again
             tracker.set_tags({"ampgan.requeue": "pending"})
         raise
+    except Exception as err:
+        if isinstance(err, AmpganError) or any(st.pending or st.steps for st in task.states()):
+            raise
+        # the first step did not compile or run: most often a user's net, loss or optimizer that
+        # MindSpore's graph mode cannot take (the run is FAILED, its error tag holds the whole message)
+        from ampgan.config.targets import first_line
+
+        raise AmpganError(f"the first training step failed ({type(err).__name__}: {first_line(err)}); "
+                          "check model.net, model.loss and model.optimizer") from err
 
 
 def _pin_sources() -> None:
