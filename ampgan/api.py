@@ -15,7 +15,9 @@ checkpoints and MLflow run. The objects you pass become `_target_`s (`ampgan.api
 `net` is a class or a function that builds a fresh `mindspore.nn.Cell` (diagnose builds it
 twice from one seed); it is given `num_classes`, `in_channels`, `image_size` or `sample_shape`
 by name as any `model.net` target is. `data` is `(x, y)` or `(x_train, y_train, x_test, y_test)`
-arrays (ampgan.data.custom). Bad input raises `ampgan.AmpganError` with one line, before any run.
+arrays, an iterable of `(x, y)` batches or a `mindspore.dataset` pipeline (ampgan.data.custom).
+`optimizer` is an optimizer class or a function of the parameters (default: Adam); it gets
+`lr` and `betas` by name as `model.optimizer` does (`overrides=("model.lr=0.05",)`). Bad input raises `ampgan.AmpganError` with one line, before any run.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def _provide(name: str, obj) -> str:
     return f"ampgan.api.user.{name}"
 
 
-def _overrides(net, data, loss, amp: str, scaler: str, steps: int | None, batch_size: int | None,
+def _overrides(net, data, loss, optimizer, amp: str, scaler: str, steps: int | None, batch_size: int | None,
                seed: int | None, tracking_uri: str | None, experiment: str | None, overrides) -> list[str]:
     import mindspore as ms
 
@@ -54,7 +56,14 @@ def _overrides(net, data, loss, amp: str, scaler: str, steps: int | None, batch_
                           f"(diagnose builds it twice from one seed), got {type(net).__name__}")
     out = ["model=classifier", f"amp={amp.lower()}", f"scaler={scaler}", f"model.net._target_={_provide('net', net)}"]
     if data is not None:
+        if hasattr(data, "__next__"):
+            data = list(data)   # a generator: read once here, so each build (diagnose builds twice) sees it all
         out += ["data=custom", f"data.source._target_={_provide('data', lambda: data)}"]
+    if optimizer is not None:
+        if not callable(optimizer):
+            raise AmpganError("api: optimizer must be an optimizer class or a function of the parameters "
+                              f"(e.g. mindspore.mint.optim.SGD), got {type(optimizer).__name__}")
+        out.append(f"model.optimizer._target_={_provide('optimizer', optimizer)}")
     if loss is not None:
         factory = (lambda: loss) if isinstance(loss, ms.nn.Cell) or not isinstance(loss, type) else loss
         out.append(f"model.loss._target_={_provide('loss', factory)}")
@@ -85,7 +94,7 @@ def _run_folder(kind: str) -> Path:
     return outputs_dir() / kind / time.strftime("%Y-%m-%d") / f"api-{time.strftime('%H-%M-%S')}-{time.time_ns() % 10**6:06d}"
 
 
-def train(net, data=None, *, loss=None, amp: str = "O2", scaler: str = "dynamic", steps: int | None = None,
+def train(net, data=None, *, loss=None, optimizer=None, amp: str = "O2", scaler: str = "dynamic", steps: int | None = None,
           batch_size: int | None = None, seed: int | None = None, tracking_uri: str | None = None,
           experiment: str | None = None, overrides: tuple[str, ...] = ()) -> TrainResult:
     """Train `net` on `data` with ampgan's loop; `overrides`: any further `key=value` of the config
@@ -93,7 +102,7 @@ def train(net, data=None, *, loss=None, amp: str = "O2", scaler: str = "dynamic"
     the MLflow run id and the run folder."""
     from ampgan.training.entry import train as train_cfg
 
-    cfg = _compose("train", _overrides(net, data, loss, amp, scaler, steps, batch_size, seed, tracking_uri,
+    cfg = _compose("train", _overrides(net, data, loss, optimizer, amp, scaler, steps, batch_size, seed, tracking_uri,
                                        experiment, overrides))
     folder = _run_folder("runs")
     objective = train_cfg(cfg, folder)
@@ -104,7 +113,7 @@ def train(net, data=None, *, loss=None, amp: str = "O2", scaler: str = "dynamic"
     return TrainResult(objective, run_id, folder)
 
 
-def diagnose(net, data=None, *, loss=None, amp: str = "O2", scaler: str = "dynamic", steps: int | None = None,
+def diagnose(net, data=None, *, loss=None, optimizer=None, amp: str = "O2", scaler: str = "dynamic", steps: int | None = None,
              batch_size: int | None = None, seed: int | None = None, tracking_uri: str | None = None,
              overrides: tuple[str, ...] = (), echo=print):
     """Replay the run beside its FP32 twin (`python -m ampgan.diagnose`): returns the verdict
@@ -113,6 +122,6 @@ def diagnose(net, data=None, *, loss=None, amp: str = "O2", scaler: str = "dynam
     `diagnose.*` keys too (`diagnose.verify=true`)."""
     from ampgan.diagnose.command import diagnose as diagnose_cfg
 
-    cfg = _compose("diagnose_main", _overrides(net, data, loss, amp, scaler, None, batch_size, seed, tracking_uri,
+    cfg = _compose("diagnose_main", _overrides(net, data, loss, optimizer, amp, scaler, None, batch_size, seed, tracking_uri,
                                                None, (*([f"diagnose.steps={steps}"] if steps else []), *overrides)))
     return diagnose_cfg(cfg, _run_folder("diagnose"), echo=echo).verdict

@@ -38,6 +38,7 @@ def test_the_readme_example_trains_and_diagnoses(tmp_path, outputs):
     diagnosed = [r for r in runs if r.data.tags.get("ampgan.kind") == "diagnose"]
     assert len(trained) == 1 and trained[0].info.status == "FINISHED"
     assert trained[0].data.params["model.net._target_"] == "ampgan.api.user.net"
+    assert trained[0].data.params["model.optimizer._target_"] == "ampgan.api.user.optimizer"   # the SGD factory
     assert "grad/head.weight/underflow" in trained[0].data.metrics
     assert len(diagnosed) == 1 and diagnosed[0].data.tags["ampgan.verdict"] == "healthy"
 
@@ -57,6 +58,8 @@ BAD = {
     "labels that are floats": (dict(net=Net, data=(XY[0], XY[1].astype(float))), "labels must be integers"),
     "a batch larger than the data": (dict(net=Net, data=XY, batch_size=1000), "trainer.batch_size=1000"),
     "an unknown override": (dict(net=Net, data=XY, overrides=("trainer.nope=1",)), "trainer.nope"),
+    "an optimizer that is no class or function": (dict(net=Net, data=XY, optimizer=0.1), "api: optimizer must be"),
+    "batches that are not pairs": (dict(net=Net, data=iter([1, 2])), "an iterable must give (x, y) batches"),
 }
 
 

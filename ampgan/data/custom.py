@@ -1,6 +1,8 @@
-"""A user's own data: `data.source` is a Hydra `_target_` whose call returns arrays.
+"""A user's own data: `data.source` is a Hydra `_target_` whose call returns arrays or batches.
 
-It returns `(x, y)` or `(x_train, y_train, x_test, y_test)`, or a dict with those keys: `x` a
+It returns `(x, y)` or `(x_train, y_train, x_test, y_test)`, or a dict with those keys; or an
+iterable of `(x, y)` batches (a generator, a list) or samples, or a `mindspore.dataset`
+pipeline, which is read once into arrays. `x` is a
 float array of samples, `(N, C, H, W)` images or `(N, F)` points; `y` integer class labels
 0 .. K-1 (WGAN-GP ignores them). Without a test split one is cut off with `data.test_fraction`
 and `data.seed`, as for ampgan's own sets. Anything else is one AmpganError line.
@@ -16,7 +18,37 @@ from ampgan.data.base import Dataset, split
 KEYS = ("x_train", "y_train", "x_test", "y_test")
 
 
+def _is_array(a) -> bool:
+    return hasattr(a, "shape") and hasattr(a, "dtype")
+
+
+def _collected(out, target: str) -> dict[str, np.ndarray]:
+    """An iterable of (x, y) batches or (x, y) samples, or a mindspore.dataset pipeline: read once
+    into arrays (the sampler then draws its own seeded batches, as for any data set)."""
+    if hasattr(out, "create_tuple_iterator"):   # a mindspore.dataset pipeline, batched or not
+        out = out.create_tuple_iterator(output_numpy=True, num_epochs=1)
+    xs, ys = [], []
+    for i, item in enumerate(out):
+        if not (isinstance(item, (tuple, list)) and len(item) >= 2):
+            raise AmpganError(f"data.source: {target}'s item {i} is a {type(item).__name__}; "
+                              "an iterable must give (x, y) batches or samples")
+        x, y = np.asarray(item[0]), np.asarray(item[1])
+        xs.append(x if y.ndim else x[None])     # a sample (scalar label) is a batch of one
+        ys.append(y if y.ndim else y[None])
+    if not xs:
+        raise AmpganError(f"data.source: {target} gave no batches")
+    if len({x.shape[1:] for x in xs}) > 1:
+        raise AmpganError(f"data.source: {target}'s batches have samples of different shapes "
+                          f"{sorted({x.shape[1:] for x in xs})}")
+    return {"x_train": np.concatenate(xs), "y_train": np.concatenate(ys)}
+
+
 def _arrays(out, target: str) -> dict[str, np.ndarray]:
+    if isinstance(out, (tuple, list)) and out and not all(_is_array(a) for a in out):
+        return _collected(out, target)          # a list of batches
+    if not isinstance(out, (dict, tuple, list)) and (hasattr(out, "__iter__") or hasattr(out, "create_tuple_iterator")) \
+            and not _is_array(out):
+        return _collected(out, target)          # a generator, an iterator, a dataset
     if isinstance(out, dict):
         missing = [k for k in KEYS[:2] if k not in out]
         if missing:
@@ -26,7 +58,8 @@ def _arrays(out, target: str) -> dict[str, np.ndarray]:
     if isinstance(out, (tuple, list)) and len(out) in (2, 4):
         return dict(zip(KEYS, out))
     raise AmpganError(f"data.source: {target} returned a {type(out).__name__}; return (x, y), "
-                      "(x_train, y_train, x_test, y_test) or a dict with those keys")
+                      "(x_train, y_train, x_test, y_test), a dict with those keys, (x, y) batches or a "
+                      "mindspore.dataset")
 
 
 def _checked(arrays: dict, target: str) -> dict[str, np.ndarray]:
