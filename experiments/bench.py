@@ -89,7 +89,7 @@ BARE_MODELS = [
     ("ampgan vs bare MindSpore: ResNet (digits, O2 dynamic, health off, no tracking)", RESNET, 0.125),
     ("ampgan vs bare MindSpore: vision transformer (digits, O2 dynamic, health off, no tracking)", TRANSFORMER, 0.25),
     ("ampgan vs bare MindSpore: language model (Python's docstrings, O2 dynamic, health off, no tracking)",
-     LANGUAGE_MODEL, 0.5),
+     LANGUAGE_MODEL, 2.0),
 ]
 
 CI_LEVEL = 0.95
