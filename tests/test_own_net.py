@@ -109,6 +109,25 @@ def test_a_users_net_in_a_sweep_and_in_diagnose(user_package, outputs):
     assert "classify.weight" in diag.stdout and "features.0.weight" in diag.stdout
 
 
+def test_a_users_net_in_a_search(user_package, outputs):
+    import optuna
+
+    from ampgan.sweeps.search import open_storage
+    from tests.test_search import search_cli
+
+    done = search_cli("--trials", "2", "--workers", "1", *OWN[:3], "amp=o2", "scaler=dynamic", *SHORT,
+                      "amp.keep_fp32=[classify]", "model.lr=tag(log,interval(1e-3,1e-2))", outputs=outputs)
+    assert done.returncode == 0, done.stderr[-2000:]
+    folder = next(outputs.glob("multirun/*/*/optuna.journal")).parent
+    study = optuna.load_study(study_name=folder.name, storage=open_storage(str(folder / "optuna.journal")))
+    assert study.direction.name == "MAXIMIZE" and len(study.trials) == 2   # the classifier's eval/accuracy
+    assert all(t.state.name == "COMPLETE" and 1e-3 <= t.params["model.lr"] <= 1e-2 for t in study.trials)
+    _, runs = all_runs(outputs)
+    jobs = [r for r in runs if "ampgan.sweep_parent" not in r.data.tags]
+    assert len(jobs) == 2 and all(r.data.params["model.net._target_"] == "mynets.TinyNet" for r in jobs)
+    assert all("grad/classify.weight/max_abs" in r.data.metrics for r in jobs)
+
+
 DOOR = {
     "target that does not import": (["model.net._target_=nope.Net"],
                                     "model.net._target_=nope.Net: cannot import it (ModuleNotFoundError: No module named 'nope')"),
@@ -236,3 +255,12 @@ def test_mindcv_resnet18_trains_under_o2(scaler, outputs):
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     assert "grad/layer4.1.conv2.weight/underflow" in runs[0].data.metrics
     assert runs[0].data.metrics["train/steps"] == 3
+
+
+@pytest.mark.slow
+def test_mindcv_resnet18_can_be_diagnosed(outputs):
+    diag = run_diagnose(*[a for a in MINDCV if not a.startswith("trainer.max_steps")], "scaler=dynamic",
+                        "diagnose.steps=4", "tracking=none", outputs=outputs, timeout=1500)
+    assert diag.returncode in (0, 1, 3), diag.stderr[-2000:]   # a verdict (healthy, AMP's, not AMP's), no crash
+    assert "verdict" in diag.stdout.lower() and "conv1.weight" in diag.stdout
+
