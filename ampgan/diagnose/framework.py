@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import mindspore as ms
 import numpy as np
-from mindspore import ops
 
 from ampgan.steps.gan import gradient_penalty
 
@@ -55,21 +54,22 @@ def finite_difference(value, param, indices, eps: float = EPS) -> np.ndarray:
     return np.array(grads)
 
 
-def check_penalty_gradient(amp_task, fp32_task, inputs, jit: bool, seed: int = 0) -> FrameworkCheck:
-    """`amp_task`, `fp32_task`: freshly built from one seed (same weights); `inputs`: a critic step's."""
-    real, z, alpha = inputs
-    fake = ops.stop_gradient(fp32_task.gen(z))
-    params = amp_task.critic_amp.trainable_params()
-    fp32_params = fp32_task.critic.trainable_params()
+def check_penalty_gradient(amp_task, fp32_task, name: str, inputs, jit: bool, seed: int = 0) -> FrameworkCheck:
+    """`amp_task`, `fp32_task`: freshly built from one seed (same weights); `inputs`: sub-step
+    `name`'s. Both tasks' penalty hooks (`TaskBase.penalty`) give the net and its arguments; the
+    arguments are the FP32 twin's for both, so that only the gradient's computation differs."""
+    _, net, _ = amp_task.penalty(name, inputs)
+    _, fp32_net, args = fp32_task.penalty(name, inputs)
+    params, fp32_params = net.trainable_params(), fp32_net.trainable_params()
 
-    def penalty(r, f, a):
-        return gradient_penalty(amp_task.critic_gp, r, f, a)
+    def penalty(*a):
+        return gradient_penalty(net, *a)
 
     def fp32_gp() -> float:
-        return float(gradient_penalty(fp32_task.critic, real, fake, alpha).asnumpy())
+        return float(gradient_penalty(fp32_net, *args).asnumpy())
 
     grad = ms.grad(penalty, None, params)
-    analytic = [g.asnumpy() for g in (ms.jit(grad) if jit else grad)(real, fake, alpha)]
+    analytic = [g.asnumpy() for g in (ms.jit(grad) if jit else grad)(*args)]
     rng = np.random.default_rng(seed)
     got, fds = [], []
     for p, g in zip(fp32_params, analytic):

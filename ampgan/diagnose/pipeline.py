@@ -50,8 +50,8 @@ def framework_check(s: Settings, data: Dataset, when: str, start: Path | None = 
         return None
     amp_task = build_seeded(s, data, start)
     fp32_task = build_seeded(fp32_twin_settings(s), data, start)
-    net, inputs = fp32_task.step_inputs()[0]
-    return check_penalty_gradient(amp_task, fp32_task, inputs, s.hardware.jit, s.trainer.seed)
+    name, inputs = next((n, i) for n, i in fp32_task.step_inputs() if fp32_task.penalty(n, i) is not None)
+    return check_penalty_gradient(amp_task, fp32_task, name, inputs, s.hardware.jit, s.trainer.seed)
 
 
 def analyse(s: Settings, dcfg, data: Dataset, ref: Reference, modes: list[str], progress,
