@@ -30,6 +30,7 @@ from ampgan.diagnose.statistics import summarize_net
 from ampgan.diagnose.verdict import Fix
 from ampgan.tracking.tracker import NullTracker
 from ampgan.training.loop import Progress, run_steps
+from ampgan.tasks import task_class
 
 def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     """A fix's overrides on a copy of `cfg`, by Hydra's own rules: a group option (`scaler=dynamic`)
@@ -99,8 +100,9 @@ def kept_share(a) -> float:
     total = sum(sizes.values()) or 1
     paths = [k for k in s.amp.keep_fp32 if "." in k or k[:1].islower()]
     kept = sum(n for name, n in sizes.items() if any(name == p or name.startswith(p + ".") for p in paths))
-    if s.is_gan and s.amp.fp32_gradient_penalty:
-        kept += 0.5 * sum(n for name, n in sizes.items() if name.startswith("critic."))
+    root = task_class(s).penalty_root
+    if root and s.amp.fp32_gradient_penalty:   # the penalty's pass through that net runs in FP32
+        kept += 0.5 * sum(n for name, n in sizes.items() if name.startswith(root + "."))
     return min(1.0, kept / total)
 
 

@@ -141,6 +141,7 @@ class TaskBase:
         """The data this task trains on: the data group's (a task that reads its own overrides it)."""
         return build_dataset(s.data)
 
+    penalty_root: str | None = None   # the root (in `roots()`) whose net the gradient penalty runs through
     has_penalty = False   # a gradient penalty (a second-order gradient): diagnose checks it against finite differences
 
     def states(self) -> list[NetState]:

@@ -64,6 +64,7 @@ class GanTask(TaskBase):
         self.alpha_shape = (self.batch_size,) + (1,) * len(shape)
 
     has_penalty = True
+    penalty_root = "critic"
 
     def states(self) -> list[NetState]:
         return [self.critic_state, self.gen_state]
