@@ -502,7 +502,8 @@ def _classifier_needs_labels(s: Settings) -> None:
     require(s.is_gan or s.own_data or s.data.name != "swissroll", "data=swissroll has no class labels: use it with model=wgan_gp")
 
 
-@_combination("data.name", "data.n_train", "data.test_fraction", "data.seed", "data.source", "trainer.batch_size")
+@_combination("model.name", "data.name", "data.n_train", "data.test_fraction", "data.seed", "data.source",
+              "trainer.batch_size")
 def _batch_fits_the_data(s: Settings) -> None:
     from ampgan.data import train_size
 

@@ -44,8 +44,9 @@ def _collected(out, target: str) -> dict[str, np.ndarray]:
 
 
 def _arrays(out, target: str) -> dict[str, np.ndarray]:
-    if isinstance(out, (tuple, list)) and out and not all(_is_array(a) for a in out):
-        return _collected(out, target)          # a list of batches
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], (tuple, list)) and len(out[0]) == 2 \
+            and _is_array(out[0][0]):
+        return _collected(out, target)          # a list of (x, y) batches (not (x, y) as nested lists)
     if not isinstance(out, (dict, tuple, list)) and (hasattr(out, "__iter__") or hasattr(out, "create_tuple_iterator")) \
             and not _is_array(out):
         return _collected(out, target)          # a generator, an iterator, a dataset
