@@ -243,7 +243,19 @@ MINDCV = ["model=classifier", "data=digits", "data.image_size=16", "model.net._t
           "trainer.eval_every=0", "trainer.log_every=1"]
 
 
-@pytest.mark.parametrize("scaler", ["dynamic", pytest.param("static", marks=pytest.mark.slow),
+def test_mindcv_resnet18_builds_under_o2_with_its_own_cell_names():
+    """The fast suite builds it (the door's forward pass included); test-full trains it under every scaler."""
+    from ampgan.config.schema import validate
+    from ampgan.tasks import build_task, load_data
+
+    s = validate(compose_cfg(*MINDCV, "scaler=dynamic"))
+    task = build_task(s, load_data(s))
+    names = [p.name for p in task.optimised()["train"].params]
+    assert "conv1.weight" in names and any(n.startswith("layer4.") for n in names)
+
+
+@pytest.mark.parametrize("scaler", [pytest.param("dynamic", marks=pytest.mark.slow),
+                                    pytest.param("static", marks=pytest.mark.slow),
                                     pytest.param("none", marks=pytest.mark.slow),
                                     pytest.param("fixed_clip", marks=pytest.mark.slow),
                                     pytest.param("underflow_aware", marks=pytest.mark.slow)])

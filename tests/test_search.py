@@ -1,4 +1,4 @@
-"""Optuna search: 12 trials, 2 worker processes sharing one study; every trial an MLflow run of the search."""
+"""Optuna search: 6 trials, 2 worker processes sharing one study; every trial an MLflow run of the search."""
 
 from __future__ import annotations
 
@@ -20,12 +20,12 @@ def search_cli(*args: str, outputs: Path, timeout: int = 900) -> subprocess.Comp
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_search_twelve_trials_two_workers_one_study(outputs):
+def test_search_six_trials_two_workers_one_study(outputs):
     import optuna
 
     from ampgan.sweeps.search import open_storage
 
-    done = search_cli("--trials", "12", "--workers", "2", "trainer=smoke", "trainer.layer_health_every=0",
+    done = search_cli("--trials", "6", "--workers", "2", "trainer=smoke", "trainer.layer_health_every=0",
                       "trainer.eval_every=0", "scaler=choice(dynamic,fixed_clip)",
                       "scaler.clip_norm=tag(log,interval(0.1,10))", "amp=choice(o0,o2)", outputs=outputs)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -33,7 +33,7 @@ def test_search_twelve_trials_two_workers_one_study(outputs):
     study = optuna.load_study(study_name=folder.name, storage=open_storage(str(folder / "optuna.journal")))
     assert study.direction.name == "MINIMIZE"  # WGAN-GP: eval/swd
     trials = study.trials
-    assert len(trials) >= 12 and all(t.state.name == "COMPLETE" for t in trials)
+    assert len(trials) >= 6 and all(t.state.name == "COMPLETE" for t in trials)
     best = json.loads((folder / "best.json").read_text())
     assert best["value"] == min(t.value for t in trials) and "scaler" in best["params"]
     assert f"best: trial {best['trial']}" in done.stdout
