@@ -59,7 +59,7 @@ BAD = {
     "a batch larger than the data": (dict(net=Net, data=XY, batch_size=1000), "trainer.batch_size=1000"),
     "an unknown override": (dict(net=Net, data=XY, overrides=("trainer.nope=1",)), "trainer.nope"),
     "an optimizer that is no class or function": (dict(net=Net, data=XY, optimizer=0.1), "api: optimizer must be"),
-    "batches that are not pairs": (dict(net=Net, data=iter([1, 2])), "an iterable must give (x, y) batches"),
+    "batches that are not pairs": (dict(net=Net, data=iter([1, 2])), "x_train has shape (); want (N, C, H, W) images"),
 }
 
 
