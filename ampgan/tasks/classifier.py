@@ -84,9 +84,11 @@ class ClassifierTask(TaskBase):
             self.net_amp.set_train(True)
 
     def evaluate(self) -> dict[str, float]:
+        """Accuracy and softmax cross-entropy over every prediction: a sample's, or each position's
+        of a sequence (logits (..., classes) against labels (...))."""
         logits = self.logits(self.data.x_test)
-        return {"eval/accuracy": float((logits.argmax(1) == self.data.y_test).mean()),
-                "eval/loss": softmax_cross_entropy(logits, self.data.y_test)}
+        logits, y = logits.reshape(-1, logits.shape[-1]), self.data.y_test.reshape(-1)
+        return {"eval/accuracy": float((logits.argmax(1) == y).mean()), "eval/loss": softmax_cross_entropy(logits, y)}
 
     def save_pictures(self, folder: Path) -> list[Path]:
         pred = self.logits(self.data.x_test).argmax(1)
