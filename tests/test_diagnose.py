@@ -102,7 +102,7 @@ def test_replay_numbers_match_direct_computation():
     s = validate(compose_diag(*TINY))
     data = build_dataset(s.data)
     ref = record_reference(s, data, 3, lambda m: None)
-    traces, _ = replay_amp(s, data, ref, ["synced"], lambda m: None)
+    traces, _, _ = replay_amp(s, data, ref, ["synced"], lambda m: None)
     trace = traces["synced"].nets["train"]
 
     # direct: fresh tasks from the same seed, the reference's first inputs, gradients to NumPy
@@ -205,7 +205,7 @@ def test_cli_healthy_run_logged_and_linked(outputs):
     # what the replay starts from: the checkpoint's weights, optimizer state and sampler position
     # in both tasks; the AMP task its loss scale, the FP32 twin scale 1
     cfg = recorded_config(compose_diag(), trained)
-    start = checkpoint_start(trained, cfg)
+    start = checkpoint_start(trained, cfg, None)
     assert start.name == "step-00000004"
     s = validate(cfg)
     data = build_dataset(s.data)
@@ -218,7 +218,7 @@ def test_cli_healthy_run_logged_and_linked(outputs):
         assert task.batches.state() == checkpoint.read_host(start)["batches"]
     assert float(amp_task.scalers["train.scaler"].scale_value.asnumpy()) == 8.0
     assert float(fp32_task.scalers["train.scaler"].scale_value.asnumpy()) == 1.0
-    assert checkpoint_start("0123456789abcdef0123456789abcdef", cfg) is None   # no such run: from step 0
+    assert checkpoint_start("0123456789abcdef0123456789abcdef", cfg, None) is None   # no such run: from step 0
 
     # the logged CSVs hold the replay's numbers: replay the same 3 steps from the same checkpoint here
     dcfg = diagnose_settings(cfg)

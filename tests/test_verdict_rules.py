@@ -9,6 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from ampgan.config.schema import validate
 from ampgan.diagnose.config import DiagnoseConfig
@@ -45,8 +46,10 @@ def synced(nets: dict[str, NetTrace]) -> Trace:
     return Trace("synced", nets, 0.0, first)
 
 
-def fp32_twin(failed_at: int | None = None):
-    return SimpleNamespace(failed_at=failed_at, failure="loss nan" if failed_at is not None else "")
+def fp32_twin(failed_at: int | None = None, iterations: int = 4):
+    """The FP32 twin's record as the verdict reads it: when it failed, and the replayed iterations."""
+    return SimpleNamespace(failed_at=failed_at, failure="loss nan" if failed_at is not None else "", start_step=0,
+                           steps=[SimpleNamespace(iteration=i) for i in range(1, iterations + 1)])
 
 
 def test_a_dynamic_scaler_finding_its_scale_is_still_healthy():
@@ -101,3 +104,129 @@ def test_the_fp32_twin_keeps_the_runs_clipping_and_drops_only_precision():
     dynamic = fp32_twin_settings(validate(compose_cfg("amp=o2", "scaler=dynamic")))
     assert dynamic.scaler.name == "none"
 
+
+
+# ---------------------------------------------------------------- per-net accounting, NaN-safe statistics
+def wgan_dynamic():
+    return validate(compose_cfg("amp=o2", "scaler=dynamic"))
+
+
+def test_skips_are_counted_per_net_a_generator_failing_every_step_is_not_hidden_by_the_critic():
+    # 5 critic steps per generator step: summed over both nets, 5/30 non-finite stayed under skip_tol
+    nets = {"critic": net_trace("critic", [True] * 25), "gen": net_trace("gen", [False] * 5)}
+    v = decide(wgan_dynamic(), DiagnoseConfig(), fp32_twin(), synced(nets), {})
+    assert v.name == "overflow" and "gen" in v.headline and v.exit_code == 1
+    assert "no finite gradient to compare" in v.evidence[0]
+
+
+def test_a_nan_error_is_a_finding_never_dropped_by_max():
+    s = validate(compose_cfg("model=classifier", "data=digits", "amp=o2", "scaler=static"))
+    nan_error = {"train": net_trace("train", [True] * 4, rel_err=np.nan)}
+    v = decide(s, DiagnoseConfig(), fp32_twin(), synced(nan_error), {})
+    assert v.name != "healthy"
+
+
+def test_a_dynamic_scaler_that_settles_and_then_fails_is_overflow_but_finding_its_scale_is_not():
+    s = wgan_dynamic()
+    settle_then_fail = {"critic": net_trace("critic", [False, True, True, False, False, False, False]),
+                        "gen": net_trace("gen", [True] * 2)}
+    v = decide(s, DiagnoseConfig(), fp32_twin(), synced(settle_then_fail), {})
+    assert v.name == "overflow"
+    finding = {"critic": net_trace("critic", [False, False, True, True, True, True, True]),
+               "gen": net_trace("gen", [True] * 2)}
+    assert decide(s, DiagnoseConfig(), fp32_twin(), synced(finding), {}).name == "healthy"
+
+
+# ---------------------------------------------------------------- the horizon: does the run fail, does FP32
+def course(label: str, failed_at: int | None = None, kind: str = "", done: int = 100, timed_out: bool = False):
+    from ampgan.diagnose.horizon import Course
+
+    c = Course(label, 0, 100, "eval/accuracy", "maximize", 0.1, 0.9 if failed_at is None else 0.1, done=done,
+               timed_out=timed_out)
+    if failed_at is not None:
+        c.failed_at, c.kind, c.failure = failed_at, kind, f"{kind} at {failed_at}"
+    return c
+
+
+def horizon(amp, fp32, run_failed_at=None):
+    from ampgan.diagnose.horizon import Horizon
+
+    return Horizon(amp, fp32, None, run_failed_at, "train/loss not finite" if run_failed_at else "")
+
+
+def classifier_o2():
+    return validate(compose_cfg("model=classifier", "data=digits", "amp=o2", "scaler=dynamic"))
+
+
+def clean():
+    return synced({"train": net_trace("train", [True] * 4)})
+
+
+def test_fp32_that_does_not_learn_either_is_not_amp_even_without_a_nan():
+    both_stuck = horizon(course("AMP", 100, "no_progress"), course("FP32", 100, "no_progress"))
+    v = decide(classifier_o2(), DiagnoseConfig(), fp32_twin(), clean(), {}, horizon=both_stuck)
+    assert v.name == "not_amp" and v.exit_code == 3 and "no_progress" in v.headline
+
+
+def test_not_amp_only_when_fp32_fails_no_later_than_amp():
+    amp_first = horizon(course("AMP", 3, "non_finite"), course("FP32", 50, "non_finite"))
+    located = Located(1, "train", "forward", "head", float("inf"), 3.0)
+    failing = synced({"train": net_trace("train", [False] * 4)})
+    v = decide(classifier_o2(), DiagnoseConfig(), fp32_twin(), failing, {}, located, horizon=amp_first)
+    assert v.name == "overflow" and v.layer == "head"
+
+
+def test_a_run_that_fails_where_the_replay_shows_nothing_is_not_reproduced_never_healthy():
+    amp_fails = horizon(course("AMP", 40, "non_finite"), course("FP32"))
+    v = decide(classifier_o2(), DiagnoseConfig(), fp32_twin(), clean(), {}, horizon=amp_fails)
+    assert v.name == "not_reproduced" and v.exit_code == 4
+    assert "step 40" in v.headline and any("diagnose.steps=" in e for e in v.evidence)
+
+
+def test_a_logged_failure_the_replay_did_not_reach_is_not_reproduced_with_the_way_there():
+    short = horizon(course("AMP", done=20, timed_out=True), course("FP32", done=20), run_failed_at=80)
+    v = decide(classifier_o2(), DiagnoseConfig(), fp32_twin(), clean(), {}, horizon=short, run_failed_at=80)
+    assert v.name == "not_reproduced" and "step 80" in v.headline and "horizon_seconds" in v.headline
+    assert any("trainer.checkpoint_every" in e and "diagnose.horizon=81" in e for e in v.evidence)
+    no_horizon = decide(classifier_o2(), DiagnoseConfig(), fp32_twin(), clean(), {}, run_failed_at=80)
+    assert no_horizon.name == "not_reproduced" and "diagnose.horizon=0" in no_horizon.headline
+
+
+def test_healthy_only_when_the_run_does_not_fail_over_the_horizon():
+    fine = horizon(course("AMP"), course("FP32"))
+    v = decide(classifier_o2(), DiagnoseConfig(), fp32_twin(), clean(), {}, horizon=fine)
+    assert v.name == "healthy" and "does not fail over 100 steps" in v.headline
+    unchecked = decide(classifier_o2(), DiagnoseConfig(), fp32_twin(), clean(), {})
+    assert unchecked.name == "healthy" and "not checked" in unchecked.headline
+
+
+# ---------------------------------------------------------------- the framework check: measured layer and fix
+def framework(run_mode: str, run_err: float, jit_err: float | None = None):
+    from ampgan.diagnose.framework import FrameworkCheck, ModeCheck
+
+    check = FrameworkCheck(run_mode, entries=8)
+    check.modes[run_mode] = ModeCheck(run_mode, {"critic.score.0.weight": 0.01, "critic.score.6.weight": run_err}, 0.5)
+    if jit_err is not None:
+        check.modes["jit"] = ModeCheck("jit", {"critic.score.0.weight": 0.01, "critic.score.6.weight": jit_err}, 0.0)
+    return check
+
+
+def test_the_framework_verdict_takes_its_layer_and_fix_from_what_was_measured():
+    s = wgan_dynamic()
+    nets = {"critic": net_trace("critic", [True] * 5), "gen": net_trace("gen", [True])}
+    v = decide(s, DiagnoseConfig(), fp32_twin(), synced(nets), {}, framework=framework("PYNATIVE", 1.0, 0.01))
+    assert v.name == "framework" and v.layer == "critic.score.6"
+    assert v.fixes and v.fixes[0].overrides[0] == "hardware.jit=true"
+    both_wrong = decide(s, DiagnoseConfig(), fp32_twin(), synced(nets), {}, framework=framework("PYNATIVE", 1.0, 0.9))
+    assert both_wrong.name == "framework" and not both_wrong.fixes   # no mode measured right: no fix claimed
+    nan = decide(s, DiagnoseConfig(), fp32_twin(), synced(nets), {}, framework=framework("jit", np.nan))
+    assert nan.name == "framework"   # a NaN gradient is wrong, never passed
+
+
+def test_relative_error_needs_both_step_sizes_to_be_wrong_and_counts_a_nan_gradient():
+    from ampgan.diagnose.framework import relative_error
+
+    fd_good, fd_kinked = np.array([1.0, 2.0, -3.0]), np.array([1.0, 9.0, -3.0])   # a ReLU kink spoils one step
+    assert relative_error(np.array([1.0, 2.0, -3.0]), [fd_kinked, fd_good]) < 1e-9
+    assert relative_error(np.zeros(3), [fd_kinked, fd_good]) == pytest.approx(1.0)
+    assert relative_error(np.array([1.0, np.nan, -3.0]), [fd_good, fd_good]) == np.inf

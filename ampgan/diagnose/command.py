@@ -2,7 +2,8 @@
 
     exit 0  healthy: AMP tracks FP32
     exit 1  an AMP problem (overflow, underflow, precision, scaler, framework); the fix is printed
-    exit 3  not AMP: the FP32 twin fails the same way
+    exit 3  not AMP: the FP32 twin fails the same way, no later
+    exit 4  not reproduced: the run fails, but the replay did not reach or explain it (how to get there is printed)
     exit 2  bad input (one line `ampgan: error: ...`)
 """
 
@@ -24,7 +25,9 @@ from ampgan.diagnose import report
 from ampgan.diagnose.config import diagnose_settings
 from ampgan.diagnose.pipeline import Analysis, analyse, framework_check, reference_for
 from ampgan.diagnose.search import SearchResult, search_keep_list
-from ampgan.diagnose.verdict import Fix, Verdict
+from ampgan.diagnose.horizon import run_horizon
+from ampgan.diagnose.verdict import NO_AMP_FIX, Fix, Verdict
+from ampgan.training import checkpoint
 from ampgan.diagnose.verify import Checked, Proof, prove_seeds, verify_fixes
 
 log = logging.getLogger("ampgan")
@@ -86,46 +89,53 @@ def recorded_config(cfg: DictConfig, run_id: str) -> DictConfig:
     return recorded
 
 
-def checkpoint_start(run_id: str, cfg: DictConfig) -> Path | None:
+def checkpoint_start(run_id: str, cfg: DictConfig, failed_at: int | None) -> Path | None:
     """Where a diagnosed run's replay starts: its newest full-state checkpoint set from before its
-    first non-finite logged loss (the newest set when none was logged); None (step 0 with the
-    run's seed) when the run wrote no checkpoint or its folder is not on this machine."""
+    first failing step (the newest set when it logged no failure); None (step 0 with the run's
+    seed) when the run wrote none before it or its folder is not on this machine."""
     from ampgan.tracking.tracker import run_folder_in_store
-    from ampgan.training import checkpoint
 
     uri = cfg.tracking.uri
     try:
         newest = checkpoint.locate(run_id, (lambda rid: run_folder_in_store(rid, uri)) if uri else None)
     except AmpganError:
         return None
-    failed = first_nonfinite_step(run_id, uri)
-    if failed is None:
+    if failed_at is None:
         return newest
     before = [p for p in sorted(newest.parent.glob("step-*"))
-              if (p / checkpoint.HOST_FILE).exists() and checkpoint.read_host(p)["step"] < failed]
+              if (p / checkpoint.HOST_FILE).exists() and checkpoint.read_host(p)["step"] < failed_at]
     return before[-1] if before else None
 
 
-def first_nonfinite_step(run_id: str, uri: str) -> int | None:
-    """The first step at which the run logged a non-finite `*/loss`, or None."""
+def run_failure(run_id: str, uri: str) -> tuple[int | None, str]:
+    """A logged run's first failure from its metric history: the first step with a non-finite
+    `*/loss`, else the step at which it stopped as diverged (`train/diverged` 1); (None, "") when
+    its history shows none."""
     import math
 
     from ampgan.tracking.tracker import make_client
 
     client = make_client(uri)
-    keys = [k for k in client.get_run(run_id).data.metrics if k.endswith("/loss") and not k.startswith("eval/")]
-    steps = [m.step for k in keys for m in client.get_metric_history(run_id, k) if not math.isfinite(m.value)]
-    return min(steps) if steps else None
+    run = client.get_run(run_id)
+    keys = [k for k in run.data.metrics if k.endswith("/loss") and not k.startswith("eval/")]
+    bad = sorted((m.step, k) for k in keys for m in client.get_metric_history(run_id, k) if not math.isfinite(m.value))
+    if bad:
+        return bad[0][0], f"{bad[0][1]} not finite"
+    if run.data.metrics.get("train/diverged", 0.0) > 0:
+        step = int(run.data.metrics.get("train/steps", 0))
+        return step, "stopped as diverged"
+    return None, ""
 
 
 def diagnose(cfg: DictConfig, run_dir: Path | None = None, echo=print) -> Result:
     started = time.perf_counter()
     dcfg = diagnose_settings(cfg)
     diagnosed = dcfg.run or None
-    start = None
+    start, failed_at, failure = None, None, ""
     if diagnosed:
         cfg = recorded_config(cfg, diagnosed)
-        start = checkpoint_start(diagnosed, cfg)
+        failed_at, failure = run_failure(diagnosed, cfg.tracking.uri)
+        start = checkpoint_start(diagnosed, cfg, failed_at)
     s = validate(cfg)
     data = load_data(s)
 
@@ -134,25 +144,34 @@ def diagnose(cfg: DictConfig, run_dir: Path | None = None, echo=print) -> Result
             echo(f"[diagnose {time.perf_counter() - started:5.1f}s] {msg}", file=sys.stderr, flush=True)
 
     if diagnosed:
-        progress(f"run {diagnosed}: replay from " + (f"checkpoint {start}" if start else "step 0 (no checkpoint)"))
+        progress(f"run {diagnosed}: " + (f"failed at step {failed_at} ({failure}); " if failed_at else "")
+                 + "starting from " + (f"checkpoint {start}" if start else "step 0 (no checkpoint before it)"))
     cache: dict = {}
     framework = framework_check(s, data, dcfg.framework_check, start)
     if framework is not None:
         progress(framework.describe())
-    ref = reference_for(s, data, dcfg.steps, progress, cache, start)
-    modes = ["synced", "free"] if dcfg.mode == "both" else [dcfg.mode]
-    analysis = analyse(s, dcfg, data, ref, modes, progress, dcfg.locate, framework)
-    result = Result(analysis.verdict, analysis)
-    fixes = list(analysis.verdict.fixes)
-    if dcfg.search and analysis.verdict.name not in ("healthy", "not_amp", "framework"):
-        result.search = search_keep_list(cfg, dcfg, data, cache, progress, start)
-        fixes = [Fix([result.search.override], "minimal FP32 keep-list found by ddmin")] + [
-            f for f in fixes if f.overrides != [result.search.override]]
-        analysis.verdict.fixes = fixes
-    if dcfg.verify and fixes:
-        result.checked = verify_fixes(cfg, dcfg, fixes, data, cache, progress, start=start)
-        if result.search is not None:
-            result.search.confirmed = any(c.confirmed and c.fix.overrides == fixes[0].overrides for c in result.checked)
+    with tempfile.TemporaryDirectory(prefix="ampgan-horizon-") as scratch:
+        horizon = None
+        if dcfg.horizon:
+            origin = checkpoint.read_host(start)["step"] if start is not None else 0
+            steps = dcfg.horizon if failed_at is None else max(1, failed_at - origin)
+            horizon = run_horizon(s, data, steps, dcfg, Path(scratch), start, max(1, dcfg.steps // 2), progress,
+                                  failed_at, failure)
+            start = horizon.lockstep_start()
+        ref = reference_for(s, data, dcfg.steps, progress, cache, start)
+        modes = ["synced", "free"] if dcfg.mode == "both" else [dcfg.mode]
+        analysis = analyse(s, dcfg, data, ref, modes, progress, dcfg.locate, framework, horizon, failed_at)
+        result = Result(analysis.verdict, analysis)
+        fixes = list(analysis.verdict.fixes)
+        if dcfg.search and analysis.verdict.name not in NO_AMP_FIX:
+            result.search = search_keep_list(cfg, dcfg, data, cache, progress, start)
+            fixes = [Fix([result.search.override], "minimal FP32 keep-list found by ddmin")] + [
+                f for f in fixes if f.overrides != [result.search.override]]
+            analysis.verdict.fixes = fixes
+        if dcfg.verify and fixes:
+            result.checked = verify_fixes(cfg, dcfg, fixes, data, cache, progress, start=start)
+            if result.search is not None:
+                result.search.confirmed = any(c.confirmed and c.fix.overrides == fixes[0].overrides for c in result.checked)
     if dcfg.seeds and fixes:
         best = next((c.fix for c in result.checked or [] if c.confirmed), None) or fixes[0]
         result.proof = prove_seeds(cfg, dcfg, best, data, progress)

@@ -10,7 +10,7 @@ from omegaconf.errors import OmegaConfBaseException
 from ampgan import AmpganError, require
 
 MODES = ("synced", "free", "both")
-FRAMEWORK_CHECKS = ("auto", "always", "never")
+FRAMEWORK_CHECKS = ("auto", "never")
 
 
 @dataclass
@@ -22,7 +22,14 @@ class DiagnoseConfig:
     lost_tol: float = 0.05        # share of a net's FP32 gradient norm flushed to zero that is underflow
     skip_tol: float = 0.25        # share of skipped AMP updates that is a scaler problem
     underflow_fraction: float = 0.01  # u: share of a layer's gradient elements allowed below 2^-14
-    framework_check: str = "auto"     # GP weight gradient vs finite differences: auto = when jit is off
+    framework_check: str = "auto"     # the FP32 twin's GP weight gradient vs finite differences: auto = whenever
+                                      # the task has a second-order term (in the run's mode and compiled); never
+    horizon: int = 50             # training steps the run and its FP32 twin each train first: does the run fail,
+                                  # does FP32 (a logged run: up to its failure); 0: off (no `healthy` for a run)
+    horizon_seconds: float = 120.0  # time bound of each of the two horizon runs
+    min_progress: float = 0.05    # relative improvement of the objective over a horizon from step 0 below which
+                                  # a run does not learn
+    diverge_tol: float = 0.5      # relative worsening of the objective over the horizon that is divergence
     locate: bool = True           # instrument the first non-finite step (forward, GP inner gradient, backward)
     verify: bool = False          # replay every candidate fix and rank them
     max_fixes: int = 4            # candidates replayed by verify
@@ -39,7 +46,9 @@ class DiagnoseConfig:
         require(self.mode in MODES, f"diagnose.mode must be one of {', '.join(MODES)}, got '{self.mode}'")
         require(self.framework_check in FRAMEWORK_CHECKS,
                 f"diagnose.framework_check must be one of {', '.join(FRAMEWORK_CHECKS)}, got '{self.framework_check}'")
-        for key in ("rel_tol", "lost_tol", "skip_tol", "underflow_fraction", "margin"):
+        require(self.horizon >= 0, f"diagnose.horizon must be >= 0, got {self.horizon}")
+        require(self.horizon_seconds > 0, f"diagnose.horizon_seconds must be > 0, got {self.horizon_seconds}")
+        for key in ("rel_tol", "lost_tol", "skip_tol", "underflow_fraction", "margin", "min_progress", "diverge_tol"):
             require(0 < getattr(self, key) < 1, f"diagnose.{key} must lie in (0, 1), got {getattr(self, key)}")
         require(self.max_fixes >= 1, f"diagnose.max_fixes must be >= 1, got {self.max_fixes}")
         require(self.seeds >= 0, f"diagnose.seeds must be >= 0, got {self.seeds}")

@@ -16,8 +16,9 @@ from ampgan.diagnose.locate import Located, locate
 from ampgan.diagnose.ranges import ScaleFit, fit_scales
 from ampgan.diagnose.replay import (Reference, Trace, build_seeded, fp32_twin_settings, net_parameters,
                                     record_reference, replay_amp, roots)
-from ampgan.diagnose.statistics import layer_rows, net_rel_err
-from ampgan.diagnose.verdict import Verdict, decide
+from ampgan.diagnose.horizon import Horizon
+from ampgan.diagnose.statistics import layer_rows, net_rel_err, summarize_net
+from ampgan.diagnose.verdict import Verdict, skips_nonfinite, decide
 from ampgan.diagnose.probe import make_loader
 from ampgan.tasks import task_class
 
@@ -33,6 +34,7 @@ class Analysis:
     framework: FrameworkCheck | None
     verdict: Verdict
     rows: list[dict]
+    horizon: Horizon | None = None
 
     def free_summary(self) -> str | None:
         if self.free is None:
@@ -45,35 +47,49 @@ class Analysis:
 
 
 def framework_check(s: Settings, data: Dataset, when: str, start: Path | None = None) -> FrameworkCheck | None:
-    """The GP gradient check on a fresh pair of tasks (`when`: auto = only when jit is off)."""
-    if not task_class(s).has_penalty or when == "never" or (when == "auto" and s.hardware.jit):
+    """The GP gradient check on a fresh FP32 twin, whenever the task has a second-order term
+    (`when`: auto/always; never: off), in the run's mode and compiled."""
+    if not task_class(s).has_penalty or when == "never":
         return None
-    amp_task = build_seeded(s, data, start)
     fp32_task = build_seeded(fp32_twin_settings(s), data, start)
     name, inputs = next((n, i) for n, i in fp32_task.step_inputs() if fp32_task.penalty(n, i) is not None)
-    return check_penalty_gradient(amp_task, fp32_task, name, inputs, s.hardware.jit, s.trainer.seed)
+    return check_penalty_gradient(fp32_task, name, inputs, s.hardware.jit)
 
 
 def analyse(s: Settings, dcfg, data: Dataset, ref: Reference, modes: list[str], progress,
-            with_locate: bool = True, framework: FrameworkCheck | None = None) -> Analysis:
-    found: list[Located] = []
-    fp32_loader = []
-
-    def on_nonfinite(task, ref_step, status):
-        if not with_locate:
-            return
-        if not fp32_loader:
-            fp32_loader.append(make_loader(net_parameters(ref.task)))
-        found.append(locate(task, ref.task, roots(task), roots(ref.task), ref_step, status, fp32_loader[0]))
-        progress(f"located: {found[0].describe()}")
-
-    traces, _ = replay_amp(s, data, ref, modes, progress, on_nonfinite)
+            with_locate: bool = True, framework: FrameworkCheck | None = None, horizon: Horizon | None = None,
+            run_failed_at: int | None = None) -> Analysis:
+    traces, task, load_weights = replay_amp(s, data, ref, modes, progress)
     synced = traces.get("synced") or traces["free"]
+    located = None
+    if with_locate and "synced" in traces:
+        at = failure_step(synced, s, dcfg)
+        if at is not None:
+            rs, status = at
+            load_weights(rs.weights)
+            located = locate(task, ref.task, roots(task), roots(ref.task), rs, status,
+                             make_loader(net_parameters(ref.task)))
+            progress(f"located: {located.describe()}")
     fits = {net: fit_scales(t.param_names, t.hist, dcfg.underflow_fraction) for net, t in synced.nets.items()}
-    located = found[0] if found else None
-    verdict = decide(s, dcfg, ref, synced, fits, located, framework)
+    verdict = decide(s, dcfg, ref, synced, fits, located, framework, horizon, run_failed_at)
     return Analysis(s, ref, synced, traces.get("free") if "synced" in traces else None, fits, located, framework,
-                    verdict, layer_rows(synced, fits))
+                    verdict, layer_rows(synced, fits), horizon)
+
+
+def failure_step(synced: Trace, s: Settings, dcfg):
+    """Of the bad sub-steps the replay kept, the one the verdict is about: the first failing net's
+    first failure (after its scaler settled); else the first bad one; None when no net fails."""
+    skips = skips_nonfinite(s)
+    failing = {n: x for n, t in synced.nets.items() if (x := summarize_net(t)).failing(skips, dcfg.skip_tol)}
+    if not failing:   # nothing for the verdict to locate (a scaler finding its scale)
+        return None
+    firsts = [(x.first_failure, n) for n, x in failing.items() if x.first_failure is not None]
+    if firsts:
+        iteration, net = min(firsts)
+        hit = next(((rs, st) for rs, st in synced.bad if rs.iteration == iteration and rs.net == net), None)
+        if hit is not None:
+            return hit
+    return synced.bad[0] if synced.bad else None
 
 
 def reference_for(s: Settings, data: Dataset, steps: int, progress, cache: dict,

@@ -168,15 +168,17 @@ class Trace:
     nets: dict[str, NetTrace]
     seconds: float
     first_nonfinite: tuple[int, str, int] | None = None  # (iteration, net, index into ref.steps)
+    bad: list = field(default_factory=list)   # (RefStep, StepStatus) of the bad sub-steps kept for locate
     iteration_seconds: list[float] = field(default_factory=list)  # wall time of each iteration (the first compiles)
 
 
-def replay_amp(s: Settings, data: Dataset, ref: Reference, modes: list[str], progress: Progress,
-               on_nonfinite: Callable | None = None) -> tuple[dict[str, Trace], object]:
-    """Replay the AMP run in each of `modes` ("synced", "free") against `ref`; return traces and the task.
+def replay_amp(s: Settings, data: Dataset, ref: Reference, modes: list[str],
+               progress: Progress) -> tuple[dict[str, Trace], object, Callable]:
+    """Replay the AMP run in each of `modes` ("synced", "free") against `ref`; return the traces,
+    the task and its weight loader (`load(ref_step.weights)` puts a step's weights back, for locate).
 
-    `on_nonfinite(task, ref_step, status)` is called once, at the first synced sub-step whose AMP
-    loss or gradients are not finite, with the AMP nets holding that step's weights again.
+    Each trace keeps (`bad`) its first sub-step whose AMP loss or gradients are not finite, and each
+    net's first such sub-step after a finite one, with their statuses.
     """
     task = build_seeded(s, data, ref.start)
     nets = probes(task, s.hardware.jit)
@@ -197,6 +199,7 @@ def replay_amp(s: Settings, data: Dataset, ref: Reference, modes: list[str], pro
         traces[mode] = trace = Trace(mode, {n: NetTrace(n, ref.param_names[n], np.array([p.size for p in nets[n].weights]))
                                             for n in nets}, 0.0)
         t0 = time.perf_counter()
+        relocated: set[str] = set()
         for i, rs in enumerate(ref.steps):
             if mode == "synced":
                 load_weights(rs.weights)
@@ -214,15 +217,19 @@ def replay_amp(s: Settings, data: Dataset, ref: Reference, modes: list[str], pro
             t.applied.append(status.applied)
             bad = not status.finite or not all(np.isfinite(v) for v in status.losses.values())
             t.finite.append(not bad)
-            if bad and trace.first_nonfinite is None:
-                trace.first_nonfinite = (rs.iteration, rs.net, i)
-                if mode == "synced" and on_nonfinite is not None:
-                    load_weights(rs.weights)
-                    on_nonfinite(task, rs, status)
+            # kept for locate: the first bad sub-step, and a net's first bad one after a finite one (a
+            # skipping scaler's first steps may be it finding its scale; a failure after that is the finding)
+            after_finite = bad and any(t.finite[:-1]) and rs.net not in relocated
+            if bad and (trace.first_nonfinite is None or after_finite):
+                if trace.first_nonfinite is None:
+                    trace.first_nonfinite = (rs.iteration, rs.net, i)
+                if after_finite:
+                    relocated.add(rs.net)
+                trace.bad.append((rs, status))
             if i + 1 == len(ref.steps) or ref.steps[i + 1].iteration != rs.iteration:
                 trace.iteration_seconds.append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
                 _tick(progress, f"AMP {mode}", rs.iteration, ref.steps[-1].iteration)
         trace.seconds = time.perf_counter() - started
-    return traces, task
+    return traces, task, load_weights
 

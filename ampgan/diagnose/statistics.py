@@ -46,16 +46,35 @@ class NetSummary:
     scale_first: float
     scale_last: float
     scale_changes: int
+    settled_at: int | None     # the first finite sub-step (None: none was finite)
+    nonfinite_after: int       # non-finite sub-steps after it
+    first_failure: int | None  # iteration of the first non-finite sub-step after it (of the first, if none settled)
+
+    def failing(self, skips: bool, skip_tol: float) -> bool:
+        """Does this net fail? Without skipping, any non-finite step; a scaler that skips may spend
+        its first steps finding its scale, so it fails when no step was finite, or when more than
+        `skip_tol` of the steps after the first finite one are not. A NaN error is a finding."""
+        if not self.nonfinite:
+            return not np.isfinite(self.rel_err_median)
+        if not skips:
+            return True
+        if self.settled_at is None:
+            return True
+        return self.nonfinite_after / max(self.substeps - self.settled_at, 1) > skip_tol
 
 
 def summarize_net(t: NetTrace) -> NetSummary:
     ok = np.array(t.finite, bool)
+    settled = int(np.argmax(ok)) if ok.any() else None
+    after = np.flatnonzero(~ok[settled:]) + settled if settled is not None else np.flatnonzero(~ok)
+    first_failure = t.iterations[after[0]] if len(after) else None
     rel = net_rel_err(t)[ok] if ok.any() else np.array([np.nan])
     lost = net_lost_norm(t)[ok] if ok.any() else np.array([0.0])
     scale = np.array(t.scale)
     return NetSummary(t.net, len(t.finite), int((~ok).sum()), int((~np.array(t.applied, bool)).sum()),
                       float(np.median(rel)), float(np.max(rel)), float(np.max(lost)),
-                      float(scale[0]), float(scale[-1]), int((np.diff(scale) != 0).sum()))
+                      float(scale[0]), float(scale[-1]), int((np.diff(scale) != 0).sum()),
+                      settled, int(len(after)) if settled is not None else 0, first_failure)
 
 
 def layer_rows(trace: Trace, ranges: dict | None = None) -> list[dict]:

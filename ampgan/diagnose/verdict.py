@@ -1,23 +1,32 @@
 """The verdict: one name, its evidence as numbers, the layer where there is one, candidate fixes.
 
-Rules, first match wins:
-  framework  the GP weight gradient in the run's mode disagrees with finite differences
-  not_amp    the FP32 twin fails too (a non-finite loss or gradient), no later than AMP does:
-             learning rate, data, model
-  overflow   AMP steps are non-finite (more than `skip_tol` of them, or any when the scaler does
-             not skip them) and the first bad value is in the forward pass,
-             the loss, or the penalty's inner gradient (scale-independent), or in the backward
-             pass at a scale the layers' range allows; not located: no cell is named
-  scaler     the same, in the backward pass, at a loss scale above the range every layer fits;
-             or the scale oscillates (changes on more than a third of the steps)
-  underflow  a net loses more than `lost_tol` of its FP32 gradient norm to flushing (nonzero
-             in FP32, exactly zero in AMP) at a loss scale below its range (more than u of its
-             FP32 gradient elements below float16's normals); the layer named loses the most
-  precision  the median relative gradient error (synced) exceeds `rel_tol` with none of the above
-             (zeros where the gradients sit inside the range count here: a forward value rounded
-             away, not a gradient too small for float16)
-  healthy    otherwise: AMP tracks FP32 within tolerance
-A few overflowing steps that a dynamic scaler skips while it finds its scale are healthy.
+Two sources of numbers: the horizon (`horizon.py`: the run and its FP32 twin trained with their
+own steps: does the run fail, does FP32 fail too, and when) and the lockstep replay from just
+before the run's failure (per-step gradient error, flushing, non-finite steps, the first bad
+value). Rules, first match wins:
+  framework       the FP32 twin's GP weight gradient, in the run's mode, disagrees with finite
+                  differences at both step sizes (`framework.py`); layer: the worst parameter's cell
+  not_amp         the run fails and FP32 fails too, no later than AMP does, in the horizon
+                  (non-finite loss, divergence, or no progress from step 0); or the FP32 twin's
+                  loss or gradient is not finite in the replay no later than AMP's first failure
+  overflow        a net fails in the replay: non-finite steps, any of them without a skipping
+                  scaler; with one (dynamic, underflow_aware, skip_nonfinite), none finite at all, or
+                  more than `skip_tol` of the net's steps after its first finite one (the first
+                  steps of a dynamic scaler finding its scale are not a failure); counted per net.
+                  The first bad value is in the forward pass, the loss, or the penalty's inner
+                  gradient (scale-independent), or in the backward pass at a scale the layers'
+                  range allows; not located: no cell is named
+  scaler          the same, in the backward pass, at a loss scale above the range every layer
+                  fits; or the scale oscillates (changes on more than a third of the steps)
+  underflow       a net loses more than `lost_tol` of its FP32 gradient norm to flushing (nonzero
+                  in FP32, exactly zero in AMP) at a loss scale below its range (more than u of its
+                  FP32 gradient elements below float16's normals); the layer named loses the most
+  precision       the median relative gradient error (synced) exceeds `rel_tol` with none of the
+                  above (zeros where the gradients sit inside the range count here)
+  not_reproduced  none of the above, but the run fails (in the horizon, or in its logged history)
+                  and the replay did not reach or explain it: how to get there is said
+  healthy         otherwise: the run does not fail over the horizon and AMP tracks FP32
+A NaN in a statistic is a finding (the net failing), never dropped.
 """
 
 from __future__ import annotations
@@ -30,7 +39,8 @@ from ampgan.config.schema import Settings
 from ampgan.diagnose.ranges import ScaleFit, merge_fits
 from ampgan.diagnose.statistics import layer_rows, summarize_net
 
-EXIT_CODES = {"healthy": 0, "not_amp": 3}   # every other verdict: 1 (an AMP problem, fix printed)
+NO_AMP_FIX = ("healthy", "not_amp", "framework", "not_reproduced")   # verdicts that offer no float16 fix to search for
+EXIT_CODES = {"healthy": 0, "not_amp": 3, "not_reproduced": 4}   # every other verdict: 1 (an AMP problem, fix printed)
 
 
 @dataclass
@@ -61,7 +71,7 @@ def cell_of(param: str) -> str:
     return param.rpartition(".")[0] or param
 
 
-def _skips_nonfinite(s: Settings) -> bool:
+def skips_nonfinite(s: Settings) -> bool:
     return s.scaler.name in ("dynamic", "underflow_aware") or bool(getattr(s.scaler, "skip_nonfinite", False))
 
 
@@ -79,8 +89,11 @@ def _scale_fixes(s: Settings, common: ScaleFit | None) -> list[Fix]:
     return fixes
 
 
-def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=None) -> Verdict:
-    """`synced`: the synced Trace; `fits`: net -> ranges.ScaleFit; `located`: locate.Located or None."""
+def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=None, horizon=None,
+           run_failed_at: int | None = None) -> Verdict:
+    """`synced`: the synced Trace; `fits`: net -> ranges.ScaleFit; `located`: locate.Located or None;
+    `horizon`: horizon.Horizon or None (off: what the run does beyond the replay is unknown);
+    `run_failed_at`: a diagnosed run's first failing step from its logged history."""
     sums = {n: summarize_net(t) for n, t in synced.nets.items()}
     rows = layer_rows(synced, fits)
     ev = [f"{n}: relative gradient error median {x.rel_err_median:.3g} (max {x.rel_err_max:.3g}); "
@@ -90,21 +103,30 @@ def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=N
     common = merge_fits(list(fits.values())) if fits else None
     if common is not None and len(fits) > 1:
         ev.append(f"all nets (one scaler setting): {common.describe()}")
+    if horizon is not None:
+        ev = [f"horizon: {line}" for line in horizon.describe()] + ev
 
     if framework is not None and framework.wrong:
-        return Verdict("framework", "the gradient penalty's second-order gradient is wrong in this execution "
-                       "mode: MindSpore's PYNATIVE bug, not float16", [framework.describe()] + ev, "critic",
-                       [Fix(["hardware.jit=true", "hardware.unsafe_pynative_gp=false"],
-                            "compiled steps compute the penalty's gradient right")])
-    amp_failed_at = synced.first_nonfinite[0] if synced.first_nonfinite is not None else None
+        fixes = ([Fix(["hardware.jit=true", "hardware.unsafe_pynative_gp=false"],
+                      "the compiled penalty gradient matched finite differences")]
+                 if framework.run_mode != "jit" and framework.compiled_right else [])
+        return Verdict("framework", f"the gradient penalty's second-order gradient is wrong in {framework.run_mode} "
+                       "mode, in FP32 too: MindSpore, not float16", [framework.describe()] + ev,
+                       cell_of(framework.param), fixes)
+    if horizon is not None and horizon.fp32_fails_first:
+        return Verdict("not_amp", f"the FP32 twin fails too (step {horizon.fp32.failed_at}: {horizon.fp32.failure}), "
+                       f"no later than AMP (step {horizon.amp.failed_at}): not float16; look at the learning rate, "
+                       "the data or the model", ev)
+    skips = skips_nonfinite(s)
+    failing = [n for n, x in sums.items() if x.failing(skips, dcfg.skip_tol)]
+    amp_failed_at = min((sums[n].first_failure for n in failing if sums[n].first_failure is not None), default=None)
     if ref.failed_at is not None and (amp_failed_at is None or ref.failed_at <= amp_failed_at):
-        return Verdict("not_amp", f"the FP32 twin fails too (step {ref.failed_at}: {ref.failure}): "
+        return Verdict("not_amp", f"the FP32 twin fails too (replay step {ref.failed_at}: {ref.failure}): "
                        "not float16; look at the learning rate, the data or the model", ev)
-    total = sum(x.substeps for x in sums.values())
-    nonfinite = sum(x.nonfinite for x in sums.values())
-    failing = [n for n, x in sums.items() if x.nonfinite]
-    if nonfinite and (not _skips_nonfinite(s) or nonfinite / total > dcfg.skip_tol):
-        ev.insert(0, "; ".join(f"{n}: {sums[n].nonfinite}/{sums[n].substeps} AMP steps non-finite" for n in failing))
+    if failing:
+        ev.insert(0, "; ".join(f"{n}: {sums[n].nonfinite}/{sums[n].substeps} AMP steps non-finite"
+                               + ("" if np.isfinite(sums[n].rel_err_median) else ", no finite gradient to compare")
+                               for n in failing))
         if located is not None:
             ev.insert(1, f"first bad value: {located.describe()}")
         if located is None:  # locate off, or the free mode only: the non-finite steps are all that is known
@@ -140,8 +162,10 @@ def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=N
         if s.scaler.name in ("dynamic", "underflow_aware") and x.scale_changes > max(3, x.substeps / 3):
             return Verdict("scaler", f"the {n} loss scale oscillates ({x.scale_changes} changes in {x.substeps} steps)",
                            ev, "", _scale_fixes(s, common))
+    nonfinite = sum(x.nonfinite for x in sums.values())
     if nonfinite:
-        ev.append(f"{nonfinite}/{total} steps overflowed and were skipped while the scaler found its scale (normal)")
+        ev.append(f"{nonfinite}/{sum(x.substeps for x in sums.values())} steps overflowed and were skipped while the "
+                  "scaler found its scale (normal)")
     # underflow: gradient norm lost to exact zeros, by a net whose gradients sit below float16's
     # range at the scale used (its range starts above that scale). Zeros where FP32's gradients are
     # inside the range come from elsewhere (a forward value rounded to zero: precision, below)
@@ -160,7 +184,7 @@ def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=N
                        _scale_fixes(s, common) + [Fix(["scaler=underflow_aware"], "raises the scale when gradients sit "
                                                        "in float16's subnormal range"),
                                                   Fix([f"amp.keep_fp32=[{cell_of(worst_lost['param'])}]"], "that layer in FP32")])
-    rel = max(x.rel_err_median for x in sums.values())
+    rel = max(x.rel_err_median for x in sums.values())   # finite: a NaN made its net fail above
     if rel > dcfg.rel_tol:
         norms = {}
         for r in rows:
@@ -175,7 +199,40 @@ def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=N
         fixes += [Fix([f"amp.keep_fp32=[{p}]"], f"{p} in FP32") for p in dict.fromkeys([where, cell_of(worst["param"])])]
         return Verdict("precision", f"float16 precision loss (no range problem) at {where}: median "
                        f"relative gradient error {rel:.3g} > {dcfg.rel_tol}", ev, where, fixes)
-    return Verdict("healthy", f"AMP tracks FP32: median relative gradient error {rel:.3g} <= {dcfg.rel_tol}", ev)
+    unreached = _unreached(horizon, run_failed_at, ref)
+    if unreached:
+        return Verdict("not_reproduced", unreached[0], ev + unreached[1:])
+    tracks = f"AMP tracks FP32: median relative gradient error {rel:.3g} <= {dcfg.rel_tol}"
+    if horizon is None:
+        return Verdict("healthy", tracks + f" over {ref.steps[-1].iteration} replayed steps (diagnose.horizon=0: "
+                       "whether the run trains was not checked)", ev)
+    a = horizon.amp
+    return Verdict("healthy", f"{tracks}, and the run does not fail over {a.done} steps "
+                   f"({a.objective} {a.before:.4g} -> {a.after:.4g})", ev)
+
+
+def _unreached(horizon, run_failed_at: int | None, ref) -> list[str]:
+    """[headline, how to get there...] when the run fails but the replay did not show why; [] otherwise."""
+    replayed = f"the lockstep replay (steps {ref.start_step + 1}..{ref.start_step + ref.steps[-1].iteration})"
+    if horizon is not None and horizon.amp.failed_at is not None:
+        a = horizon.amp
+        return [f"the run fails at step {a.failed_at} ({a.failure}) where FP32 does not, but {replayed} shows no "
+                "float16 cause",
+                f"how to get there: a longer replay from the same start (diagnose.steps={a.failed_at - ref.start_step + 4}), "
+                "or diagnose.run=<id> of a run that wrote checkpoints (trainer.checkpoint_every) near that step"]
+    if run_failed_at is None:
+        return []
+    reached = horizon.amp.last_step if horizon is not None else ref.start_step + ref.steps[-1].iteration
+    if horizon is not None and horizon.amp.timed_out:
+        why = f"the horizon stopped at step {reached} after {horizon.amp.seconds:.0f}s (diagnose.horizon_seconds)"
+    elif reached < run_failed_at:
+        why = f"the replay ended at step {reached}" + ("" if horizon is not None else " (diagnose.horizon=0)")
+    else:
+        why = f"the replay ran to step {reached} without failing (the run's failure did not recur from the same state)"
+    return [f"the diagnosed run failed at step {run_failed_at}, but {why}",
+            f"how to get there: start nearer the failure (trainer.checkpoint_every={max(1, run_failed_at // 10)} in "
+            f"the run, then diagnose.run=<id>), or a longer horizon (diagnose.horizon={run_failed_at + 1}, "
+            f"diagnose.horizon_seconds={2 * (horizon.amp.seconds if horizon is not None else 60):.0f})"]
 
 
 def _owner(param: str) -> str:

@@ -84,8 +84,13 @@ def verify_fixes(cfg: DictConfig, dcfg, fixes: list[Fix], data: Dataset, cache: 
         progress(f"verify: {fix.text}")
         started = time.perf_counter()
         s = validate(apply_overrides(cfg, fix.overrides))
-        ref = reference_for(s, data, steps or dcfg.steps, progress, cache, start)
-        a = analyse(s, dcfg, data, ref, ["synced"], progress, with_locate=False)
+        try:
+            ref = reference_for(s, data, steps or dcfg.steps, progress, cache, start)
+            a = analyse(s, dcfg, data, ref, ["synced"], progress, with_locate=False)
+        except AmpganError as err:   # e.g. a scaler fix whose state the start's checkpoint does not hold
+            progress(f"verify: {fix.text} cannot start from {start}: {err}")
+            out.append(Checked(fix, "unverifiable", float("nan"), 0, 0.0, time.perf_counter() - started))
+            continue
         sums = [summarize_net(t) for t in a.synced.nets.values()]
         rel = max(x.rel_err_median for x in sums)
         out.append(Checked(fix, a.verdict.name, rel, sum(x.nonfinite for x in sums), kept_share(a),

@@ -1,0 +1,173 @@
+"""Does the run fail, and does FP32 fail too? Both trained over a horizon, through the training loop.
+
+From where the diagnosis starts (step 0, or a diagnosed run's checkpoint), the AMP run and then
+its FP32 twin (`replay.fp32_twin_settings`: everything but precision kept) train with their own
+compiled train steps (`training.loop.run_steps`, nothing tracked, statuses read once a block):
+`diagnose.horizon` steps, or a logged run's steps up to its first failing step, each run bounded
+by `diagnose.horizon_seconds`. The FP32 twin trains no further than the AMP run failed: all the
+verdict asks of it is whether it fails no later.
+
+A run fails at the first of:
+  non_finite   a step whose loss is not finite (known to its block of `every` steps);
+  diverged     the objective at the end is worse than at the start by more than `diverge_tol`
+               (relative to the start; the horizon's last step);
+  no_progress  from step 0 only: the objective improved by less than `min_progress` (relative;
+               the horizon's last step). From a checkpoint a run may have converged already, so
+               there only divergence and non-finite losses count.
+
+The AMP run writes a full-state checkpoint set every `every` steps into a scratch folder, so the
+lockstep replay (`replay.py`) can start just before its failure.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ampgan.config.schema import Settings
+from ampgan.data import Dataset
+from ampgan.diagnose.replay import build_seeded, fp32_twin_settings
+from ampgan.tracking.tracker import NullTracker
+from ampgan.training import checkpoint
+from ampgan.training.loop import Progress, run_steps
+
+BLOCK = 10   # steps between status reads and time checks when no checkpoint cadence sets the blocks
+
+
+@dataclass
+class Course:
+    """One run's course over the horizon."""
+
+    label: str                  # "AMP" or "FP32"
+    start_step: int
+    planned: int                # steps asked for
+    objective: str
+    direction: str
+    before: float               # the objective at the start
+    after: float = math.nan     # ... at the end (NaN when it failed by a non-finite loss)
+    done: int = 0               # steps trained
+    seconds: float = 0.0
+    failed_at: int | None = None  # the training step by which it failed
+    failed_from: int | None = None  # the first step it may have failed at (a non-finite loss is known per block)
+    kind: str = ""              # non_finite | diverged | no_progress
+    failure: str = ""
+    timed_out: bool = False
+    folder: Path | None = None  # where its checkpoint sets are (AMP only)
+
+    @property
+    def last_step(self) -> int:
+        return self.start_step + self.done
+
+    @property
+    def progress(self) -> float:
+        """Relative improvement of the objective (negative: worse)."""
+        gain = self.after - self.before if self.direction == "maximize" else self.before - self.after
+        return gain / max(abs(self.before), 1e-12)
+
+    def describe(self) -> str:
+        head = (f"{self.label}: {self.done}/{self.planned} steps from step {self.start_step} in {self.seconds:.1f}s"
+                + (" (stopped by diagnose.horizon_seconds)" if self.timed_out else ""))
+        trend = (f"{self.objective} {self.before:.4g} -> {self.after:.4g}" if math.isfinite(self.after)
+                 else f"{self.objective} {self.before:.4g} at the start")
+        fate = f"FAILS at step {self.failed_at}: {self.failure}" if self.failed_at is not None else "does not fail"
+        return f"{head}; {trend}; {fate}"
+
+
+class _LossWatch(NullTracker):
+    """A tracker that keeps one thing: the first step whose logged loss is not finite."""
+
+    def __init__(self) -> None:
+        self.step: int | None = None
+        self.what = ""
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        if self.step is not None:
+            return
+        bad = [k for k, v in metrics.items() if k.endswith("/loss") and not k.startswith("eval/") and not math.isfinite(v)]
+        if bad:
+            self.step, self.what = step, f"{', '.join(bad)} = {metrics[bad[0]]}"
+
+
+def train_course(s: Settings, data: Dataset, label: str, steps: int, dcfg, start: Path | None = None,
+                 every: int = 0, folder: Path | None = None, progress=lambda msg: None,
+                 judge_progress: bool = True) -> Course:
+    """Train `s` for `steps` steps from `start` (a checkpoint set; None: step 0) and judge its course
+    (`judge_progress` False: a shortened course, where too little progress says nothing)."""
+    task = build_seeded(s, data, start)
+    start_step = checkpoint.read_host(start)["step"] if start is not None else 0
+    course = Course(label, start_step, steps, task.objective, task.direction,
+                    float(task.evaluate()[task.objective]), folder=folder)
+    end = start_step + steps
+    block = every or BLOCK
+    # statuses are read once a block (the loop drains what is pending when it returns): a non-finite
+    # loss is known to lie in that block, whose start has a checkpoint set (blocks end on multiples of `every`)
+    cfg = replace(s.trainer, max_steps=end, log_every=10**9, print_every=10**9, print_seconds=0.0, eval_every=0,
+                  layer_health_every=0, checkpoint_every=every, keep_checkpoints=10**6)
+    watch, loop = _LossWatch(), Progress(10**9, start_step, 10**9, 0.0)   # a total never reached: no status line
+    loop.past_first = True   # nor a first-step line or start-up metric: this is not a run
+    started, step = time.perf_counter(), start_step
+    while step < end and watch.step is None:
+        if time.perf_counter() - started > dcfg.horizon_seconds:
+            course.timed_out = True
+            break
+        first = step + 1
+        step, _ = run_steps(task, watch, cfg, folder, range(first, min((step // block + 1) * block, end) + 1), loop)
+        progress(f"horizon {label}: step {step - start_step}/{steps}")
+    course.done, course.seconds = step - start_step, time.perf_counter() - started
+    if watch.step is not None:
+        course.failed_at, course.failed_from, course.kind = step, first, "non_finite"
+        course.failure = f"loss not finite ({watch.what}) in steps {first}..{step}"
+        return course
+    course.after = float(task.evaluate()[task.objective])
+    if not math.isfinite(course.after) or course.progress < -dcfg.diverge_tol:
+        course.failed_at, course.kind = step, "diverged"
+        course.failure = f"diverged: {course.objective} {course.before:.4g} -> {course.after:.4g}"
+    elif judge_progress and start is None and not course.timed_out and course.progress < dcfg.min_progress:
+        course.failed_at, course.kind = step, "no_progress"
+        course.failure = (f"does not learn: {course.objective} {course.before:.4g} -> {course.after:.4g} "
+                          f"({100 * course.progress:+.1f}%, needs {100 * dcfg.min_progress:+.0f}%)")
+    return course
+
+
+@dataclass
+class Horizon:
+    amp: Course
+    fp32: Course
+    start: Path | None          # where both started
+    run_failed_at: int | None = None   # a diagnosed run's first failing step (its logged history)
+    run_failure: str = ""
+
+    def lockstep_start(self) -> Path | None:
+        """The newest checkpoint set the AMP run wrote before its failure (else the horizon's start)."""
+        if self.amp.failed_at is None or self.amp.folder is None:
+            return self.start
+        first = self.amp.failed_from or self.amp.failed_at
+        sets = [p for p in sorted((self.amp.folder / "checkpoints").glob("step-*"))
+                if (p / checkpoint.HOST_FILE).exists() and checkpoint.read_host(p)["step"] < first]
+        return sets[-1] if sets else self.start
+
+    @property
+    def fp32_fails_first(self) -> bool:
+        """The run fails, and FP32 fails too, no later than AMP does."""
+        a, f = self.amp.failed_at, self.fp32.failed_at
+        return a is not None and f is not None and f <= a
+
+    def describe(self) -> list[str]:
+        out = [self.amp.describe(), self.fp32.describe()]
+        if self.run_failed_at is not None:
+            out.insert(0, f"the diagnosed run failed at step {self.run_failed_at} ({self.run_failure})")
+        return out
+
+
+def run_horizon(s: Settings, data: Dataset, steps: int, dcfg, folder: Path, start: Path | None = None,
+                every: int = 1, progress=lambda msg: None, run_failed_at: int | None = None,
+                run_failure: str = "") -> Horizon:
+    """The AMP run over `steps` steps (checkpoints every `every` into `folder`), then its FP32 twin
+    up to the AMP run's failure."""
+    amp = train_course(s, data, "AMP", steps, dcfg, start, every, folder, progress)
+    fp32_steps = steps if amp.failed_at is None else max(1, amp.failed_at - amp.start_step)
+    fp32 = train_course(fp32_twin_settings(s), data, "FP32", fp32_steps, dcfg, start, progress=progress,
+                        judge_progress=fp32_steps == steps)
+    return Horizon(amp, fp32, start, run_failed_at, run_failure)
