@@ -10,6 +10,12 @@ uncompiled with hooks:
             enclosing cell that computed it is); the FP32 twin's value there is the evidence;
   gp_inner  (critic steps) d critic / d x_hat, the penalty's inner gradient;
   backward  else the first parameter in backward order (nearest the loss) whose gradient is.
+Down to the op and the source line (`ampgan.diagnose.oplocate`): the sub-step's forward pass and
+loss are replayed once more under an op hook, AMP and the FP32 twin; the first op whose float16
+result leaves float16's range from clean inputs is `Located.op`, in a forward location (inside or
+before its cell) and in the loss: when every cell's output is finite but an op of the loss
+computation (outside every net) is that op, the phase is `loss`, ahead of the gradient checks
+(a non-finite loss makes every gradient non-finite too).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from mindspore import nn
 
 from ampgan.amp.float16 import FP16_MAX
 from ampgan.amp.health import HEALTH_FIELDS
-from ampgan.amp.policy import KeepFP32
+from ampgan.diagnose.oplocate import CellHooks, OpHit, cell_paths, is_wrapper, locate_op, peak_and_nonfinite, tensors
 from ampgan.diagnose.probe import make_inner_gradient_probe
 
 
@@ -34,58 +40,35 @@ class Located:
     where: str          # a cell path or a parameter name
     amp_value: float    # max |value| there under AMP (inf/nan when not finite)
     fp32_value: float   # the FP32 twin's, when known (nan otherwise)
+    op: OpHit | None = None   # the first op whose float16 result leaves float16's range (forward, loss)
 
     def describe(self) -> str:
         what = {"forward": "output of cell", "gp_inner": "penalty's inner gradient through",
                 "backward": "gradient of", "loss": "the loss, with every cell's output finite:"}[self.phase]
         twin = f", FP32 {self.fp32_value:.4g}" if np.isfinite(self.fp32_value) else ""
+        op = f"; {self.op.describe()}" if self.op is not None else ""
         return (f"step {self.iteration} ({self.net} step), {self.phase}: {what} {self.where}: "
-                f"AMP max|x| {self.amp_value:.4g}{twin}")
+                f"AMP max|x| {self.amp_value:.4g}{twin}{op}")
 
 
-def cell_paths(roots: dict[str, nn.Cell]) -> dict[int, str]:
-    """id(cell) -> its keep-list path (`critic.score.0`, `head`); KeepFP32 wrappers are transparent."""
-    out: dict[int, str] = {}
-    for root, net in roots.items():
-        for name, cell in net.cells_and_names():
-            if id(cell) in out or not name:
-                continue
-            parent, _, last = name.rpartition(".")
-            if last == "cell" and parent and isinstance(dict(net.cells_and_names()).get(parent), KeepFP32):
-                name = parent
-            out[id(cell)] = ".".join(p for p in (root, name) if p)
-    return out
-
-
-class _Recorder:
-    """Forward hooks on every named cell: (path, max |output|) in completion order."""
+class _Recorder(CellHooks):
+    """Forward hooks on every named cell: (path, max |output|, FP32 output, clean inputs) in completion order."""
 
     def __init__(self, roots: dict[str, nn.Cell]):
-        self.paths = cell_paths(roots)
-        self.seen: list[tuple[str, float, bool]] = []
-        self.handles = []
-        for net in roots.values():
-            for _, cell in net.cells_and_names():
-                if id(cell) in self.paths and not isinstance(cell, KeepFP32):
-                    self.handles.append(cell.register_forward_hook(self._hook))
+        super().__init__(roots)
+        self.seen: list[tuple[str, float, bool, bool]] = []
 
-    def _hook(self, cell, inputs, output):
-        outs = output if isinstance(output, (tuple, list)) else (output,)
-        vals = [np.abs(o.asnumpy().astype(np.float64)) for o in outs if hasattr(o, "asnumpy")]
-        if not vals:
+    def finished(self, cell, inputs, output) -> None:
+        outs = tensors(output)
+        if not outs:
             return
-        peak = max(float(v.max()) if np.isfinite(v).all() else float("inf") for v in vals)
-        fp32 = all(o.dtype != ms.float16 for o in outs if hasattr(o, "dtype"))
-        ins = inputs if isinstance(inputs, (tuple, list)) else (inputs,)
-        clean_in = all(np.isfinite(i.asnumpy()).all() for i in ins if hasattr(i, "asnumpy"))
-        self.seen.append((self.paths[id(cell)], peak, fp32, clean_in))
-
-    def close(self) -> None:
-        for h in self.handles:
-            h.remove()
+        peak, _, _ = peak_and_nonfinite(outs)
+        fp32 = all(o.dtype != ms.float16 for o in outs)
+        _, bad_in, _ = peak_and_nonfinite(tensors(inputs))
+        self.seen.append((self.paths[id(cell)], peak, fp32, bad_in == 0))
 
 
-def _peaks(task, roots, net, inputs) -> list[tuple[str, float, bool]]:
+def _peaks(task, roots, net, inputs) -> list[tuple[str, float, bool, bool]]:
     rec = _Recorder(roots)
     try:
         task.forward(net, inputs)
@@ -103,9 +86,12 @@ def locate(task, fp32_task, roots, fp32_roots, ref_step, status, load_fp32_weigh
     fp32_seen = {}
     for path, peak, _, _ in _peaks(fp32_task, fp32_roots, net, inputs):
         fp32_seen[path] = max(fp32_seen.get(path, 0.0), peak)
+    op = locate_op(task, fp32_task, roots, fp32_roots, net, inputs)
     for path, peak, is_fp32, clean_in in amp_seen:  # the origin: bad output from clean inputs
         if clean_in and (not np.isfinite(peak) or (is_fp32 and peak > FP16_MAX)):
-            return Located(ref_step.iteration, net, "forward", path, peak, fp32_seen.get(path, float("nan")))
+            return Located(ref_step.iteration, net, "forward", path, peak, fp32_seen.get(path, float("nan")), op)
+    if op is not None and not op.in_net:   # every cell finite, an op of the loss computation is not
+        return Located(ref_step.iteration, net, "loss", "loss", op.amp_max, op.fp32_max, op)
     penalty = task.penalty(net, inputs)   # the optional hook: a gradient penalty's inner gradient
     if penalty is not None:
         root, gp_net, args = penalty
@@ -127,7 +113,7 @@ def _first_layer(root: str, net: nn.Cell) -> str:
     """The net's first cell with its own parameters: where the inner gradient reaches the input."""
     paths = cell_paths({root: net})
     for _, cell in net.cells_and_names():
-        if id(cell) in paths and not isinstance(cell, KeepFP32) and list(cell.get_parameters(expand=False)):
+        if id(cell) in paths and not is_wrapper(cell) and list(cell.get_parameters(expand=False)):
             return paths[id(cell)]
     return root
 
