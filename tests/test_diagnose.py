@@ -19,7 +19,7 @@ from hydra import compose, initialize_config_dir
 from ampgan.training import checkpoint
 from ampgan.config.schema import CONF_DIR, validate
 from ampgan.data import build_dataset
-from ampgan.diagnose.command import checkpoint_start, recorded_config
+from ampgan.diagnose.command import checkpoint_start, diagnose, recorded_config
 from ampgan.diagnose.config import DiagnoseConfig, diagnose_settings
 from ampgan.diagnose.pipeline import analyse
 from ampgan.diagnose.report import HEATMAPS
@@ -243,3 +243,35 @@ def test_unknown_run_id_is_bad_input(outputs):
     proc = run_diagnose("diagnose.run=0123456789abcdef", outputs=outputs)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("ampgan: error: diagnose.run=")
+
+
+def test_a_logged_failure_beyond_the_replay_is_not_reproduced_and_the_horizon_reaches_it(outputs):
+    """A run whose loss goes non-finite at step 2 (lr 1e12: FP32's too). A one-step replay without
+    the horizon does not reach it: not_reproduced, exit 4, with the way there. The horizon trains
+    to the logged failure and finds FP32 failing no later: not_amp, exit 3."""
+    env = {**os.environ, "AMPGAN_OUTPUTS": str(outputs), "GLOG_v": "3"}
+    train = subprocess.run([sys.executable, "-m", "ampgan.train", *[a for a in TINY if a != "tracking=none"],
+                            "model.lr=1e12", "scaler=dynamic", "trainer.max_steps=4", "trainer.log_every=1",
+                            "trainer.eval_samples=100"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert train.returncode == 0, train.stderr
+    _, runs = all_runs(outputs)
+    trained = runs[0].info.run_id
+    short = run_diagnose(f"diagnose.run={trained}", "diagnose.steps=1", "diagnose.horizon=0", outputs=outputs)
+    assert short.returncode == 4, short.stdout + short.stderr
+    first = short.stdout.splitlines()[0]
+    assert first.startswith("verdict: not_reproduced") and "failed at step 2" in first, first
+    assert "diagnose.horizon=3" in short.stdout and "trainer.checkpoint_every" in short.stdout
+    reached = run_diagnose(f"diagnose.run={trained}", "diagnose.steps=1", outputs=outputs)
+    assert reached.returncode == 3, reached.stdout + reached.stderr
+    assert reached.stdout.startswith("verdict: not_amp - the FP32 twin fails too (step 2")
+
+
+def test_fp32_that_does_not_learn_is_not_amp_not_healthy():
+    """lr 1e-7: no NaN anywhere and AMP tracks FP32 closely, but neither learns over the horizon;
+    the old rules said healthy."""
+    cfg = compose_diag(*TINY, "model.lr=1e-7", "diagnose.steps=2", "diagnose.mode=synced", "diagnose.horizon=30")
+    result = diagnose(cfg, None, echo=lambda *a, **k: None)
+    h = result.analysis.horizon
+    assert result.verdict.name == "not_amp" and result.exit_code == 3, result.verdict.headline
+    assert h.fp32.kind == "no_progress" and h.fp32.progress < 0.05 and h.fp32.done == 30
+    assert "does not learn" in result.verdict.headline

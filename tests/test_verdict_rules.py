@@ -141,7 +141,7 @@ def test_a_dynamic_scaler_that_settles_and_then_fails_is_overflow_but_finding_it
 def course(label: str, failed_at: int | None = None, kind: str = "", done: int = 100, timed_out: bool = False):
     from ampgan.diagnose.horizon import Course
 
-    c = Course(label, 0, 100, "eval/accuracy", "maximize", 0.1, 0.9 if failed_at is None else 0.1, done=done,
+    c = Course(label, 0, 100, "eval/accuracy", "maximize", 1.0, 0.1, 0.9 if failed_at is None else 0.1, done=done,
                timed_out=timed_out)
     if failed_at is not None:
         c.failed_at, c.kind, c.failure = failed_at, kind, f"{kind} at {failed_at}"

@@ -107,6 +107,14 @@ def checkpoint_start(run_id: str, cfg: DictConfig, failed_at: int | None) -> Pat
     return before[-1] if before else None
 
 
+def lockstep_length(steps: int, horizon, start: Path | None) -> int:
+    """`diagnose.steps`, or as many as reach the failure the horizon found from where the replay starts."""
+    if horizon is None or horizon.amp.failed_at is None:
+        return steps
+    origin = checkpoint.read_host(start)["step"] if start is not None else 0
+    return max(steps, horizon.amp.failed_at - origin)
+
+
 def run_failure(run_id: str, uri: str) -> tuple[int | None, str]:
     """A logged run's first failure from its metric history: the first step with a non-finite
     `*/loss`, else the step at which it stopped as diverged (`train/diverged` 1); (None, "") when
@@ -155,10 +163,11 @@ def diagnose(cfg: DictConfig, run_dir: Path | None = None, echo=print) -> Result
         if dcfg.horizon:
             origin = checkpoint.read_host(start)["step"] if start is not None else 0
             steps = dcfg.horizon if failed_at is None else max(1, failed_at - origin)
-            horizon = run_horizon(s, data, steps, dcfg, Path(scratch), start, max(1, dcfg.steps // 2), progress,
-                                  failed_at, failure)
+            horizon = run_horizon(s, data, steps, dcfg, Path(scratch), start, progress=progress,
+                                  run_failed_at=failed_at, run_failure=failure)
             start = horizon.lockstep_start()
-        ref = reference_for(s, data, dcfg.steps, progress, cache, start)
+        replay = lockstep_length(dcfg.steps, horizon, start)
+        ref = reference_for(s, data, replay, progress, cache, start)
         modes = ["synced", "free"] if dcfg.mode == "both" else [dcfg.mode]
         analysis = analyse(s, dcfg, data, ref, modes, progress, dcfg.locate, framework, horizon, failed_at)
         result = Result(analysis.verdict, analysis)

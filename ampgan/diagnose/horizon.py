@@ -10,13 +10,14 @@ verdict asks of it is whether it fails no later.
 A run fails at the first of:
   non_finite   a step whose loss is not finite (known to its block of `every` steps);
   diverged     the objective at the end is worse than at the start by more than `diverge_tol`
-               (relative to the start; the horizon's last step);
-  no_progress  from step 0 only: the objective improved by less than `min_progress` (relative;
-               the horizon's last step). From a checkpoint a run may have converged already, so
+               of the gap between the start and its best value (the task's `objective_best`:
+               accuracy 1, a distance or a loss 0); at the horizon's last step;
+  no_progress  from step 0 only: the run closed less than `min_progress` of that gap (the
+               horizon's last step). From a checkpoint a run may have converged already, so
                there only divergence and non-finite losses count.
 
-The AMP run writes a full-state checkpoint set every `every` steps into a scratch folder, so the
-lockstep replay (`replay.py`) can start just before its failure.
+The AMP run writes a full-state checkpoint set every `every` (10) steps into a scratch folder: the
+lockstep replay (`replay.py`) starts from the newest one before its failure and runs at least to it.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Course:
     planned: int                # steps asked for
     objective: str
     direction: str
+    best: float                 # the objective's best possible value (the task's `objective_best`)
     before: float               # the objective at the start
     after: float = math.nan     # ... at the end (NaN when it failed by a non-finite loss)
     done: int = 0               # steps trained
@@ -62,9 +64,9 @@ class Course:
 
     @property
     def progress(self) -> float:
-        """Relative improvement of the objective (negative: worse)."""
+        """The share of the gap between the start and the best possible objective closed (negative: worse)."""
         gain = self.after - self.before if self.direction == "maximize" else self.before - self.after
-        return gain / max(abs(self.before), 1e-12)
+        return gain / max(abs(self.best - self.before), 1e-12)
 
     def describe(self) -> str:
         head = (f"{self.label}: {self.done}/{self.planned} steps from step {self.start_step} in {self.seconds:.1f}s"
@@ -97,7 +99,7 @@ def train_course(s: Settings, data: Dataset, label: str, steps: int, dcfg, start
     (`judge_progress` False: a shortened course, where too little progress says nothing)."""
     task = build_seeded(s, data, start)
     start_step = checkpoint.read_host(start)["step"] if start is not None else 0
-    course = Course(label, start_step, steps, task.objective, task.direction,
+    course = Course(label, start_step, steps, task.objective, task.direction, task.objective_best,
                     float(task.evaluate()[task.objective]), folder=folder)
     end = start_step + steps
     block = every or BLOCK
@@ -162,7 +164,7 @@ class Horizon:
 
 
 def run_horizon(s: Settings, data: Dataset, steps: int, dcfg, folder: Path, start: Path | None = None,
-                every: int = 1, progress=lambda msg: None, run_failed_at: int | None = None,
+                every: int = BLOCK, progress=lambda msg: None, run_failed_at: int | None = None,
                 run_failure: str = "") -> Horizon:
     """The AMP run over `steps` steps (checkpoints every `every` into `folder`), then its FP32 twin
     up to the AMP run's failure."""
