@@ -118,6 +118,7 @@ class LanguageModelTask(ClassifierTask):
     Config = LanguageModelConfig
     objective = "eval/loss"
     direction = "minimize"
+    objective_best = 0.0
 
     @staticmethod
     def load_data(s: Settings) -> Dataset:
