@@ -141,6 +141,8 @@ class TaskBase:
         """The data this task trains on: the data group's (a task that reads its own overrides it)."""
         return build_dataset(s.data)
 
+    objective_best = 0.0   # the objective's best possible value (a distance or a loss: 0; accuracy: 1): diagnose's
+                           # horizon measures learning as the share of the gap to it a run closes
     penalty_root: str | None = None   # the root (in `roots()`) whose net the gradient penalty runs through
     has_penalty = False   # a gradient penalty (a second-order gradient): diagnose checks it against finite differences
 

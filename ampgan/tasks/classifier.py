@@ -20,6 +20,7 @@ class ClassifierTask(TaskBase):
     Config = ClassifierConfig
     objective = "eval/accuracy"
     direction = "maximize"
+    objective_best = 1.0
     GRAPH_ATTRS = TaskBase.GRAPH_ATTRS + ("net", "net_amp", "loss")
 
     def __init__(self, s: Settings, data: Dataset):
