@@ -313,7 +313,7 @@ def diagnose_cost(store: str, device: str, quick: bool, repeats: int = 5) -> lis
     diag, train, twin, amp = [], [], [], []
     for _ in range(rounds):
         ref = record_reference(s, data, 1 + n, lambda m: None)
-        traces, _ = replay_amp(s, data, ref, ["synced"], lambda m: None)
+        traces, _, _ = replay_amp(s, data, ref, ["synced"], lambda m: None)
         twin.append(sum(ref.iteration_seconds[1:]) / n)
         amp.append(sum(traces["synced"].iteration_seconds[1:]) / n)
         diag.append(twin[-1] + amp[-1])
