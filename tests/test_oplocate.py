@@ -18,7 +18,7 @@ from mindspore.ops.primitive import Primitive
 
 from ampgan.amp.float16 import FP16_MAX
 from ampgan.amp.policy import apply_amp
-from ampgan.diagnose.oplocate import OpRecorder, first_bad_op, record_ops
+from ampgan.diagnose.oplocate import OpRecorder, first_bad_gradient, first_bad_op, record_ops
 
 USER_ATTENTION = '''
 import numpy as np
@@ -207,3 +207,27 @@ def test_diagnose_names_the_op_and_its_line_on_the_planted_forward_overflow():
     assert (Path(op.file).resolve(), op.line) == (nets, scaling)
     assert not np.isfinite(op.amp_max) and FP16_MAX < op.fp32_max < np.inf
     assert op.describe() in located.describe() and f"nets.py:{scaling}" in located.describe()
+
+
+def test_a_backward_overflow_names_the_op_whose_output_gradient_leaves_float16s_range(user_module):
+    """The forward is small; the loss times 1e5 (a loss scale) sends a gradient of 1e5 into the
+    net's float16 output: the net's last op (the sum in its own construct) is the first whose
+    output gradient is inf (the FP32 twin's is 1e5)."""
+    net_amp, amp_root, fp32 = twins(lambda: user_module.Chain(1.0))
+    x = ms.Tensor(np.full((1, 4, 4), 0.01, np.float32))
+
+    def backward(net):
+        def scaled(x):
+            return net(x).sum() * 1e5
+        return lambda: ms.value_and_grad(scaled, 0)(x)     # Chain has no weights: d/dx
+
+    amp_calls = record_ops({"": amp_root}, backward(net_amp), gradients=True)
+    fp32_calls = record_ops({"": fp32}, backward(fp32), gradients=True)
+    assert first_bad_op(amp_calls, fp32_calls) is None                        # the forward is fine
+    hit = first_bad_gradient(amp_calls, fp32_calls, 1.0)
+    assert hit is not None and hit.gradient
+    assert (hit.cell, hit.op, hit.shape, hit.in_net) == ("", "Tensor.__add__", (1, 4, 4), True)
+    assert not np.isfinite(hit.amp_max) and hit.fp32_max == pytest.approx(1e5)
+    source = Path(user_module.__file__).read_text().splitlines()
+    assert "self.amp_cell(self.big(x)) + masked" in source[hit.line - 1]
+    assert "gradient at its output" in hit.describe()

@@ -15,7 +15,9 @@ loss are replayed once more under an op hook, AMP and the FP32 twin; the first o
 result leaves float16's range from clean inputs is `Located.op`, in a forward location (inside or
 before its cell) and in the loss: when every cell's output is finite but an op of the loss
 computation (outside every net) is that op, the phase is `loss`, ahead of the gradient checks
-(a non-finite loss makes every gradient non-finite too).
+(a non-finite loss makes every gradient non-finite too). In the backward phase the replay runs
+the first-order gradient too: `Located.op` is the op whose output first receives a non-finite
+gradient where the FP32 twin's is finite.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class Located:
     where: str          # a cell path or a parameter name
     amp_value: float    # max |value| there under AMP (inf/nan when not finite)
     fp32_value: float   # the FP32 twin's, when known (nan otherwise)
-    op: OpHit | None = None   # the first op whose float16 result leaves float16's range (forward, loss)
+    op: OpHit | None = None   # the first op whose float16 result (forward, loss) or gradient (backward) leaves the range
 
     def describe(self) -> str:
         what = {"forward": "output of cell", "gp_inner": "penalty's inner gradient through",
@@ -105,7 +107,8 @@ def locate(task, fp32_task, roots, fp32_roots, ref_step, status, load_fp32_weigh
     names = ref_step_names(task, net)
     for i in reversed(range(len(nf))):
         if nf[i] > 0:
-            return Located(ref_step.iteration, net, "backward", names[i], float("inf"), float("nan"))
+            op = locate_op(task, fp32_task, roots, fp32_roots, net, inputs, backward=True)
+            return Located(ref_step.iteration, net, "backward", names[i], float("inf"), float("nan"), op)
     return Located(ref_step.iteration, net, "loss", "loss", float("nan"), float("nan"))
 
 

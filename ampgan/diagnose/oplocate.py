@@ -174,6 +174,9 @@ class OpCall:
     in_net: bool          # called while one of the nets runs (not in the loss)
     file: str
     line: int
+    grad_order: int = -1  # when its output's gradient arrived in the backward pass (0 first; -1 never)
+    grad_peak: float = float("nan")   # max |gradient| at its output (inf when not finite)
+    grad_nonfinite: int = 0
 
     @property
     def is_cast(self) -> bool:
@@ -196,11 +199,15 @@ class OpHit:
     file: str
     line: int
     in_net: bool = True   # False: in the loss computation, outside every net
+    gradient: bool = False   # the values are the gradient at its output (backward), not the output
 
     def describe(self) -> str:
         twin = f"FP32 {self.fp32_max:.4g}" if not np.isnan(self.fp32_max) else "no FP32 counterpart"
+        if self.gradient:
+            twin += " (times AMP's loss scale)"
         where = f"cell {self.cell}" if self.cell else ("the net" if self.in_net else "the loss")
-        return (f"op {self.op} in {where}, output {list(self.shape)}: AMP max|x| {self.amp_max:.4g} "
+        value = "gradient at its output" if self.gradient else "output"
+        return (f"op {self.op} in {where}, {value} {list(self.shape)}: AMP max|x| {self.amp_max:.4g} "
                 f"(float16 max {FP16_MAX:g}), {twin}, at {self.file}:{self.line}")
 
 
@@ -257,10 +264,15 @@ class OpRecorder(CellHooks):
 
     The cell stack: the pre-hook pushes a cell, the post-hook pops it. An op computes "in a cell
     kept in FP32" when its output is FP32 and the innermost running cell with a mixed-precision
-    type has FP32's (MindSpore's `to_float(float32)`: keep-list paths and types, O2's black list)."""
+    type has FP32's (MindSpore's `to_float(float32)`: keep-list paths and types, O2's black list).
+    `gradients`: a tensor hook on each float output records the gradient that reaches it when
+    the block runs a backward pass (PYNATIVE calls it once the gradient is complete, in
+    backward order); the backward's own ops run in C++ and are not calls."""
 
-    def __init__(self, roots: dict[str, nn.Cell]):
+    def __init__(self, roots: dict[str, nn.Cell], gradients: bool = False):
         super().__init__(roots, pre=True, with_roots=True)
+        self.gradients = gradients
+        self.arrived = 0
         self.calls: list[OpCall] = []
         self.stack: list[nn.Cell] = []
         self.counts: dict[tuple[str, str], int] = {}
@@ -308,6 +320,17 @@ class OpRecorder(CellHooks):
         fp32 = outs[0].dtype == ms.float32
         self.calls.append(OpCall(name, cell, index, tuple(outs[0].shape), str(outs[0].dtype), peak, bad, bad_in,
                                  nan_in, fp32 and self._kept_fp32(), bool(self.stack), file, line))
+        if self.gradients and outs[0].dtype in (ms.float16, ms.float32):
+            try:
+                outs[0].register_hook(self._gradient_hook(self.calls[-1]))
+            except RuntimeError:   # "requires grad is false": no gradient reaches it (a stop_gradient's input)
+                pass
+
+    def _gradient_hook(self, call: OpCall) -> Callable:
+        def seen(grad):
+            call.grad_order, self.arrived = self.arrived, self.arrived + 1
+            call.grad_peak, call.grad_nonfinite, _ = peak_and_nonfinite([grad])
+        return seen
 
     def _wrap_function(self, name: str, fn: Callable) -> Callable:
         def hooked(*args, **kwargs):
@@ -346,9 +369,10 @@ class OpRecorder(CellHooks):
             self.close()
 
 
-def record_ops(roots: dict[str, nn.Cell], run: Callable[[], object]) -> list[OpCall]:
-    """The op calls `run()` makes (with the cells of `roots` named), in execution order."""
-    rec = OpRecorder(roots)
+def record_ops(roots: dict[str, nn.Cell], run: Callable[[], object], gradients: bool = False) -> list[OpCall]:
+    """The op calls `run()` makes (with the cells of `roots` named), in execution order; with
+    `gradients`, the gradients at their outputs of the backward pass `run()` makes."""
+    rec = OpRecorder(roots, gradients)
     with rec.active():
         run()
     return rec.calls
@@ -369,14 +393,36 @@ def first_bad_op(amp_calls: list[OpCall], fp32_calls: list[OpCall]) -> OpHit | N
     return None
 
 
-def locate_op(task, fp32_task, roots, fp32_roots, net: str, inputs: tuple) -> OpHit | None:
+def first_bad_gradient(amp_calls: list[OpCall], fp32_calls: list[OpCall], scale: float) -> OpHit | None:
+    """The op whose output receives the backward pass's first non-finite gradient where the FP32
+    twin's is finite (the gradients before it in backward order, its consumers', are finite: the
+    overflow is in the backward of what consumed it), with the twin's gradient times AMP's loss
+    `scale` (what float16 had to hold); None: no op's is."""
+    twin = {c.key: c for c in fp32_calls if not c.is_cast}
+    for c in sorted((c for c in amp_calls if c.grad_order >= 0), key=lambda c: c.grad_order):
+        t = None if c.is_cast else twin.get(c.key)
+        if c.grad_nonfinite > (t.grad_nonfinite if t is not None else 0):
+            fp32 = t.grad_peak * scale if t is not None else float("nan")
+            return OpHit(c.op, c.cell, c.shape, c.grad_peak, fp32, c.file, c.line, c.in_net, gradient=True)
+    return None
+
+
+def locate_op(task, fp32_task, roots, fp32_roots, net: str, inputs: tuple, backward: bool = False) -> OpHit | None:
     """Replay sub-step `net`'s forward pass and loss on `inputs` (each task's `optimised()` loss
     function, uncompiled) under the op hook, AMP then the FP32 twin (which holds the step's
-    weights already); return the first op where float16 leaves its range."""
+    weights already); return the first op where float16 leaves its range. `backward`: the first
+    order gradient of the scaled loss too (at the scaler's scale now: a dynamic scaler has
+    already lowered it after the failing step), and the first op whose output's gradient does."""
     def loss(t):
         o = t.optimised()[net]
-        return lambda: o.loss_fn(o.scaler)(*inputs)
+        fn = o.loss_fn(o.scaler)
+        if backward:
+            return lambda: ms.value_and_grad(fn, None, o.params, has_aux=True)(*inputs)
+        return lambda: fn(*inputs)
 
-    amp_calls = record_ops(roots, loss(task))
-    fp32_calls = record_ops(fp32_roots, loss(fp32_task))
+    amp_calls = record_ops(roots, loss(task), backward)
+    fp32_calls = record_ops(fp32_roots, loss(fp32_task), backward)
+    if backward:
+        scaler = task.optimised()[net].scaler
+        return first_bad_gradient(amp_calls, fp32_calls, float(scaler.scale(ms.Tensor(1.0, ms.float32)).asnumpy()))
     return first_bad_op(amp_calls, fp32_calls)
