@@ -82,9 +82,9 @@ def _planted_blocks(dim: int, depth: int, heads: int, mlp_ratio: int, causal_len
 
 
 class HandLayerNorm(nn.Cell):
-    """LayerNorm as users write it by hand: mean, then the mean of squared deviations. Not
-    `nn.LayerNorm`, so no AMP level keeps it in FP32: in float16 a deviation beyond 256 squares
-    past 65504, the variance is inf and the output (x - mean) / inf is silently 0."""
+    """LayerNorm as users write it by hand, in one pass: the variance as the mean of squares minus
+    the squared mean. Not `nn.LayerNorm`, so no AMP level keeps it in FP32: in float16 features
+    beyond 256 square past 65504, and a mean beyond 256 makes the variance inf - inf = NaN."""
 
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
@@ -93,9 +93,9 @@ class HandLayerNorm(nn.Cell):
         self.eps = eps
 
     def construct(self, x):
-        centred = x - x.mean(-1, keep_dims=True)
-        var = (centred * centred).mean(-1, keep_dims=True)
-        return centred / ops.sqrt(var + self.eps) * self.gamma.astype(x.dtype) + self.beta.astype(x.dtype)
+        mean = x.mean(-1, keep_dims=True)
+        var = (x * x).mean(-1, keep_dims=True) - mean * mean
+        return (x - mean) / ops.sqrt(var + self.eps) * self.gamma.astype(x.dtype) + self.beta.astype(x.dtype)
 
 
 class PlantedViT(VisionTransformer):
