@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from experiments.study import Context, Study, chart_lines, diagnose_run, first_run, quick_diagnose, run, seeds
+from experiments.study import Bar, Context, Study, chart_lines, diagnose_run, first_run, quick_diagnose, run, seeds
 
 TRAINS = 0.8   # mean test accuracy at which a configuration counts as training (digits, 10 classes)
 
@@ -23,6 +23,7 @@ STUDY = Study(
     groups=["model.lr", "nan_fix"],
     metrics=["accuracy", "loss", "train skipped", "train clip rate"],
     reference={"nan_fix": "fp32"},
+    bars=[Bar("accuracy", TRAINS)],   # per learning rate: where FP32 does not train, nothing is compared
     facet="model.lr",
     quick=["model.lr=1e-2", "+arm/nan_fix=fp32,o2", "trainer.seed=0,1", "trainer.max_steps=4"],
     full=["trainer.max_steps=1000"],

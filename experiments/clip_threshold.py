@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import sys
 
-from experiments.study import Context, Study, beyond_noise, chart_lines, run, seeds
+from experiments.study import Bar, Context, Study, beyond_noise, chart_lines, run, seeds
 
 NOW_AND_THEN = (0.01, 0.3)   # the clip rates that count as clipping "now and then"
 
@@ -24,6 +24,7 @@ STUDY = Study(
     groups=["scaler.clip_norm"],
     metrics=["swd", "critic clip rate", "gen clip rate", "modes_covered"],
     reference={"scaler.clip_norm": "100"},
+    bars=[Bar("modes_covered", 6)],   # never clipping must cover most of the 8 modes
     quick=["scaler.clip_norm=1,100", "trainer.seed=0,1", "trainer.max_steps=4", "trainer.eval_samples=200"],
     full=["trainer.max_steps=1000", "trainer.eval_every=250"],
 )

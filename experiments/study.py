@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +55,26 @@ class Group:
         return [float(r[metric]) if isinstance(r.get(metric), (int, float)) else math.nan for r in self.rows]
 
 
+@dataclass(frozen=True)
+class Bar:
+    """A quality bar the reference configuration must pass on every seed before the study compares
+    anything with it: a model that has not learned says nothing about whether float16 harms learning.
+    `facet`: the facet value it applies to (None: every facet)."""
+
+    metric: str
+    threshold: float
+    higher_is_better: bool = True
+    facet: str | None = None
+
+    def passes(self, value) -> bool:
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            return False
+        return value >= self.threshold if self.higher_is_better else value <= self.threshold
+
+    def describe(self) -> str:
+        return f"{self.metric} {'>=' if self.higher_is_better else '<='} {self.threshold:g}"
+
+
 @dataclass
 class Study:
     name: str
@@ -70,6 +90,7 @@ class Study:
     after: Callable | None = None     # after(ctx) -> extra text / rows (diagnose's verdicts)
     charts: Callable | None = None    # charts(ctx) -> {name: figure}, besides the seed-spread chart
     setup: str = ""                   # what runs, in prose (the README section's "setup")
+    bars: list[Bar] = field(default_factory=list)   # the reference's quality bars (per facet, or for all)
 
 
 @dataclass
@@ -232,6 +253,65 @@ def public(table: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith("_")} for r in table]
 
 
+def untrained(study: Study, rows: list[dict]) -> dict[str | None, str]:
+    """Facet value (None: the whole study) -> why its reference has not trained: a seed below a bar,
+    or no bar stated for it. Empty when every reference passes its bar on every seed."""
+    if not study.reference:
+        return {}
+    facet = study.facet if study.facet in study.groups else None
+    values = list(dict.fromkeys(str(r.get(facet)) for r in rows)) if facet else [None]
+    out: dict[str | None, str] = {}
+    for fv in values:
+        refs = [r for r in rows if (fv is None or str(r.get(facet)) == fv)
+                and all(same_value(r.get(k), v) for k, v in study.reference.items())]
+        bars = [b for b in study.bars if b.facet is None or b.facet == fv]
+        where = f" on {fv}" if fv is not None else ""
+        if not bars:
+            out[fv] = f"no quality bar is stated for the reference{where}"
+            continue
+        for bar in bars:
+            got = [r.get(bar.metric) for r in refs]
+            short = [g for g in got if not bar.passes(g)]
+            if short or not refs:
+                shown = ", ".join(_fmt(float(g)) if isinstance(g, (int, float)) else "-" for g in got) or "no run"
+                out[fv] = (f"the reference{where} misses its bar {bar.describe()} on {len(short)} of {len(refs)} "
+                           f"seeds ({bar.metric}: {shown})")
+                break
+    return out
+
+
+def restrict(ctx: Context, facets: set) -> Context:
+    """The context with only the given facet values' rows and table rows (the answer's view)."""
+    facet = ctx.study.facet
+
+    def keep(row: dict) -> bool:
+        return str(row.get(facet)) in facets
+
+    kept = [(r, run_) for r, run_ in zip(ctx.rows, ctx.runs) if keep(r)]
+    return replace(ctx, rows=[r for r, _ in kept], runs=[run_ for _, run_ in kept],
+                   table=[r for r in ctx.table if keep(r)])
+
+
+def conclude(ctx: Context, answer: Callable[[Context], str] | None) -> str:
+    """The study's answer, drawn only where its reference trained: facets whose reference missed its
+    bar are left out of the answer and named; with none left, "reference not trained: no conclusion"."""
+    failed = untrained(ctx.study, ctx.rows)
+    for why in failed.values():
+        ctx.notes.append(f"reference not trained: {why}")
+    if None in failed:
+        return f"Reference not trained: {failed[None]}. No conclusion."
+    facet = ctx.study.facet if ctx.study.facet in ctx.study.groups else None
+    trained = [fv for fv in dict.fromkeys(str(r.get(facet)) for r in ctx.rows)] if facet else []
+    trained = [fv for fv in trained if fv not in failed]
+    if facet and not trained:
+        return "Reference not trained: " + "; ".join(failed.values()) + ". No conclusion."
+    text = answer(restrict(ctx, set(trained)) if failed else ctx) if answer else ""
+    if failed:
+        text += (f" No conclusion on {', '.join(str(f) for f in failed)}: reference not trained ("
+                 + "; ".join(failed.values()) + ").")
+    return text
+
+
 # ---------------------------------------------------------------- charts
 def chart_seed_spread(study: Study, rows: list[dict], metric: str | None = None):
     """Each configuration's runs as dots (one per seed) with their mean; one panel per facet value."""
@@ -290,8 +370,9 @@ def chart_lines(rows: list[dict], x: str, series: str | None, metric: str, title
 
 # ---------------------------------------------------------------- diagnose from a study
 def quick_diagnose(ctx: Context) -> list[str]:
-    """Diagnose's overrides for the study's mode: two replayed iterations in the quick form."""
-    return ["diagnose.steps=2", "diagnose.locate=false", "diagnose.mode=synced"] if ctx.mode == "quick" else []
+    """Diagnose's overrides for the study's mode: two replayed iterations and a 4-step horizon in the quick form."""
+    return (["diagnose.steps=2", "diagnose.locate=false", "diagnose.mode=synced", "diagnose.horizon=4"]
+            if ctx.mode == "quick" else [])
 
 
 def first_run(ctx: Context, **values: str):
@@ -437,7 +518,7 @@ def _run(study: Study, args, mode: str, answer) -> int:
     if study.charts is not None:
         figs.update(study.charts(ctx))
     pngs = {name: figure_png(fig) for name, fig in figs.items() if fig is not None}
-    text = answer(ctx) if answer else ""
+    text = conclude(ctx, answer)
     publish(ctx, pngs, text)
     minutes = ctx.minutes()
     client.set_tag(parent.info.run_id, "ampgan.study_minutes", f"{minutes:.1f}")

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from experiments.study import Context, Study, arm_of, beyond_noise, same_value, seed_table, welch_p
+from experiments.study import Bar, Context, Study, arm_of, beyond_noise, conclude, same_value, seed_table, welch_p
 from tests.conftest import ROOT, all_runs
 
 STUDIES = ("wgan_amp", "collapse", "underflow", "classifier_nan", "clip_threshold")
@@ -100,3 +100,44 @@ def test_a_small_shift_shared_by_every_seed_exceeds_seed_noise_when_paired():
     o2 = next(r for r in seed_table(STUDY, rows) if r["arm"] == "o2")
     assert o2["beyond noise"] == "yes" and o2["p"].endswith("(paired)")
     assert welch_p([b + 0.01 for b in base], base) > 0.5   # unpaired, the shift drowns in the seeds' spread
+
+
+# ---------------------------------------------------------------- no conclusion from a reference that has not trained
+def _answer(ctx: Context) -> str:
+    """A stand-in answer that names the facets it was given."""
+    return "compared on " + ",".join(dict.fromkeys(r["data"] for r in ctx.rows)) + "."
+
+
+def _ctx(study: Study, modes: dict[tuple[str, str], list[float]]) -> Context:
+    rows = _rows({k: [1.0] * len(v) for k, v in modes.items()})
+    for r, m in zip(rows, [m for v in modes.values() for m in v]):
+        r["modes_covered"] = m
+    return Context(study, None, "", None, [None] * len(rows), rows, seed_table(study, rows), ROOT, "default")
+
+
+BARRED = Study(name="t", title="t", question="q", groups=["data", "arm"], metrics=["swd"], reference={"arm": "fp32"},
+               facet="data", bars=[Bar("modes_covered", 6, facet="a"), Bar("modes_covered", 6, facet="b")])
+
+
+def test_a_facet_whose_reference_misses_its_bar_on_one_seed_draws_no_conclusion():
+    ctx = _ctx(BARRED, {("a", "fp32"): [8, 7, 8], ("a", "o2"): [8, 8, 8], ("b", "fp32"): [8, 0, 8], ("b", "o2"): [8, 8, 8]})
+    text = conclude(ctx, _answer)
+    assert text.startswith("compared on a.") and "No conclusion on b: reference not trained" in text
+    assert "misses its bar modes_covered >= 6 on 1 of 3 seeds" in text
+    assert any(n.startswith("reference not trained") for n in ctx.notes)
+
+
+def test_no_trained_reference_anywhere_is_no_conclusion_and_the_answer_is_not_drawn():
+    ctx = _ctx(BARRED, {("a", "fp32"): [0, 0], ("a", "o2"): [0, 0], ("b", "fp32"): [1, 2], ("b", "o2"): [0, 0]})
+    drawn = []
+    text = conclude(ctx, lambda c: drawn.append(c) or "drawn")
+    assert text.startswith("Reference not trained") and text.endswith("No conclusion.") and not drawn
+
+
+def test_a_facet_without_a_stated_bar_draws_no_conclusion_and_trained_references_change_nothing():
+    one_bar = Study(name="t", title="t", question="q", groups=["data", "arm"], metrics=["swd"],
+                    reference={"arm": "fp32"}, facet="data", bars=[Bar("modes_covered", 6, facet="a")])
+    ctx = _ctx(one_bar, {("a", "fp32"): [8, 8], ("a", "o2"): [8, 8], ("b", "fp32"): [8, 8], ("b", "o2"): [8, 8]})
+    assert "No conclusion on b" in conclude(ctx, _answer) and "no quality bar" in conclude(ctx, _answer)
+    ctx = _ctx(BARRED, {("a", "fp32"): [8, 8], ("a", "o2"): [0, 0], ("b", "fp32"): [6, 7], ("b", "o2"): [8, 8]})
+    assert conclude(ctx, _answer) == "compared on a,b."
