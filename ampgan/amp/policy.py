@@ -116,12 +116,16 @@ def _outermost(cells: dict[str, nn.Cell]) -> dict[str, nn.Cell]:
     return {p: c for p, c in cells.items() if not any(p.startswith(q + ".") for q in cells)}
 
 
-def _replace(net: nn.Cell, path: str, new: nn.Cell) -> None:
-    parent_path, _, name = path.rpartition(".")
-    parent = dict(net.cells_and_names())[parent_path]
-    parent._cells[name] = new  # not setattr: a Cell attribute would get the attribute name as a prefix
+def put_cell(parent: nn.Cell, name: str, cell: nn.Cell) -> None:
+    """Make `cell` `parent`'s child `name` in place of the one there (a SequentialCell's list too)."""
+    parent._cells[name] = cell  # not setattr: a Cell attribute would get the attribute name as a prefix
     if isinstance(parent, nn.SequentialCell):
         parent.cell_list = list(parent._cells.values())
+
+
+def _replace(net: nn.Cell, path: str, new: nn.Cell) -> None:
+    parent_path, _, name = path.rpartition(".")
+    put_cell(dict(net.cells_and_names())[parent_path], name, new)
 
 
 def apply_amp(net: nn.Cell, level: str, keep_fp32: list[str], root: str = "") -> nn.Cell:
