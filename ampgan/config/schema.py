@@ -240,6 +240,8 @@ class TrainerConfig:
     eval_samples: int = 2000     # generated samples for GAN metrics
     grad_health: bool = True     # in-graph gradient statistics on the logged steps (every step: underflow_aware)
     layer_health_every: int = 100  # per-parameter health metrics (grad/<param>/<field>); 0: never
+    headroom: bool = True        # with grad_health: each leaf cell's max |output| (act/<cell>/max_abs), float16 headroom
+    headroom_warn: float = 8.0   # warn (and tag the run) once float16 headroom, 65504 / max |activation|, falls below
     max_nonfinite_steps: int = 50  # stop as diverged after this many non-finite losses in a row
     resume: str = ""             # continue a run: its MLflow run id, run folder or checkpoint path
     requeue: bool = False        # on SIGTERM end the run so that a restarted job of the same key continues it
@@ -260,6 +262,7 @@ class TrainerConfig:
         require(self.print_seconds >= 0, f"trainer.print_seconds must be >= 0, got {self.print_seconds}")
         require(self.max_nonfinite_steps >= 1,
                  f"trainer.max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
+        require(self.headroom_warn > 1, f"trainer.headroom_warn must be > 1, got {self.headroom_warn}")
 
 
 # ---------------------------------------------------------------- tracking

@@ -5,6 +5,7 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import ops
 
+from ampgan.amp.activations import ActivationPeaks
 from ampgan.steps.common import Step, make_step
 
 
@@ -25,7 +26,9 @@ def classifier_loss_fn(net, loss, scaler, fp32_loss: bool = True):
     return loss_fn
 
 
-def build_classifier_step(net, loss, optimizer, scaler, health_fn, fp32_loss: bool = True, jit: bool = True) -> Step:
-    """Return step(x, y) with status losses (loss, acc): acc is the batch accuracy."""
+def build_classifier_step(net, loss, optimizer, scaler, health_fn, fp32_loss: bool = True, jit: bool = True,
+                          peaks: ActivationPeaks | None = None) -> Step:
+    """Return step(x, y) with status losses (loss, acc): acc is the batch accuracy; `peaks`: the
+    net's activation peaks its measuring variant records (None: none)."""
     loss_fn = classifier_loss_fn(net, loss, scaler, fp32_loss)
-    return make_step(loss_fn, net.trainable_params(), optimizer, scaler, health_fn, LOSSES, jit)
+    return make_step(loss_fn, net.trainable_params(), optimizer, scaler, health_fn, LOSSES, jit, peaks)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import mindspore as ms
 import numpy as np
 from mindspore import amp, ops
 
+from ampgan.amp.activations import ActivationPeaks, no_peaks, no_reset
 from ampgan.amp.health import HEALTH_FIELDS, global_norm, no_health, no_norm
 
 STATUS_FIELDS = ("finite", "applied", "scale", "grad_norm", "clipped")
@@ -50,17 +52,20 @@ class StepStatus:
     grad_norm: float
     clipped: bool
     health: np.ndarray  # (n_params, len(HEALTH_FIELDS))
+    act: np.ndarray     # (n_cells,): each leaf cell's max |output| (ActivationPeaks; NOT_REACHED: not run)
 
 
 @dataclass
 class Step:
     """A compiled train step, in two variants of one status layout, and that layout.
 
-    `fn` measures: gradient health (and the global norm) as configured. `plain` is the same
-    update without health (and without the norm unless the scaler clips): its health rows are
-    zeros, so both decode alike. `launch(measure=False)` runs the plain variant, built and
-    compiled on its first use; when there is none (`build_plain` None: health off, or a scaler
-    that reads health every step) `plain` is `fn` and every launch measures.
+    `fn` measures: gradient health (and the global norm) as configured, and the activation
+    peaks of `peaks`' cells (always launched inside `peaks.watching()`, so it is compiled with
+    their recording holders in the nets). `plain` is the same update without health (and without the norm unless the scaler
+    clips) and without peaks: its health rows and peaks are zeros, so both decode alike.
+    `launch(measure=False)` runs the plain variant, built and compiled on its first use; when
+    there is none (`build_plain` None: health off, or a scaler that reads health every step)
+    `plain` is `fn` and every launch measures.
     """
 
     fn: Callable
@@ -70,6 +75,7 @@ class Step:
     measures_norm: bool = True     # False: the grad_norm field is a zero that was never computed
     build_plain: Callable[[], Callable] | None = None  # makes the plain variant; None: fn is the only one
     plain_norm: bool = False       # the plain variant computes grad_norm too (a scaler that clips)
+    peaks: ActivationPeaks | None = None  # the leaf cells whose max |output| `fn` measures; None: none
 
     def __post_init__(self):
         self.plain: Callable | None = self.fn if self.build_plain is None else None  # None: not built yet
@@ -78,6 +84,11 @@ class Step:
     @property
     def param_names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.weights)
+
+    @property
+    def act_paths(self) -> tuple[str, ...]:
+        """The cell paths of the status's activation peaks (`ActivationPeaks.paths`; empty: none)."""
+        return self.peaks.paths if self.peaks is not None else ()
 
     def measured(self, measure: bool) -> bool:
         """Whether `launch(measure=measure)` runs the measuring variant `fn`."""
@@ -92,7 +103,8 @@ class Step:
         return its packed status without waiting for it (MindSpore runs ahead)."""
         if self.measured(measure):
             self.launches["measured"] += 1
-            return self.fn(*inputs)
+            with self.peaks.watching() if self.peaks is not None else nullcontext():
+                return self.fn(*inputs)
         if self.plain is None:
             self.plain = self.build_plain()
         self.launches["plain"] += 1
@@ -103,45 +115,54 @@ class Step:
         return self.decode(self.launch(*inputs).asnumpy())
 
     def decode(self, packed: np.ndarray) -> StepStatus:
-        n_loss, n_stat = len(self.loss_names), len(STATUS_FIELDS)
+        n_loss, n_stat, n_act = len(self.loss_names), len(STATUS_FIELDS), len(self.act_paths)
         stat = packed[n_loss : n_loss + n_stat]
         return StepStatus(
             losses=dict(zip(self.loss_names, packed[:n_loss].tolist())),
             finite=bool(stat[0]), applied=bool(stat[1]), scale=float(stat[2]),
             grad_norm=float(stat[3]), clipped=bool(stat[4]),
-            health=packed[n_loss + n_stat :].reshape(len(self.param_names), len(HEALTH_FIELDS)),
+            health=packed[n_loss + n_stat : len(packed) - n_act].reshape(len(self.param_names), len(HEALTH_FIELDS)),
+            act=packed[len(packed) - n_act :],
         )
 
 
-def build_body(grad_fn: Callable, optimizer, scaler, health_fn: Callable, norm_fn: Callable) -> Callable:
+def build_body(grad_fn: Callable, optimizer, scaler, health_fn: Callable, norm_fn: Callable,
+               act: tuple[Callable, Callable] = (no_reset, no_peaks)) -> Callable:
     """`body(*inputs) -> (packed status, unscaled gradients)`: one train step's whole update.
 
+    `act` is the (reset, read) pair of the step's activation peaks (`ActivationPeaks.step_fns`):
+    reset before the forward passes, read after the update, appended to the status.
     A train step returns the packed status; diagnose's probe also returns the gradients."""
     update = build_update(optimizer, scaler, health_fn, norm_fn)
+    reset, read = act
 
     def body(*inputs):
+        reset()
         (_, losses), scaled_grads = grad_fn(*inputs)
         status, health_rows, grads = update(scaled_grads)
-        return ops.concat([losses.astype(ms.float32), status, health_rows.reshape(-1)]), grads
+        return ops.concat([losses.astype(ms.float32), status, health_rows.reshape(-1), read()]), grads
 
     return body
 
 
 def make_step(loss_fn: Callable, weights: Sequence, optimizer, scaler, health_fn: Callable,
-              loss_names: Sequence[str], jit: bool = True) -> Step:
+              loss_names: Sequence[str], jit: bool = True, peaks: ActivationPeaks | None = None) -> Step:
     """Wrap `loss_fn(*inputs) -> (scaled_loss, stacked_losses)` into a full train step.
 
     Two variants share one update (same gradients, scaler, optimizer, Parameters): the
-    measuring one computes `health_fn` and the global norm (the norm only with health on or a
-    clipping scaler); the plain one neither (the norm only for a clipping scaler), for steps
-    whose status is never read. There is no plain variant with health off (nothing to save)
-    or for a scaler that reads health (`needs_health`): it must see health every step.
+    measuring one computes `health_fn`, the global norm (the norm only with health on or a
+    clipping scaler) and the activation peaks of `peaks` (None: none); the plain one none of
+    them (the norm only for a clipping scaler), for steps whose status is never read. There is
+    no plain variant with health off (nothing to save; no peaks either) or for a scaler that
+    reads health (`needs_health`): it must see health every step.
     """
     grad_fn = ms.value_and_grad(loss_fn, None, tuple(weights), has_aux=True)
     scaler.watch(weights)
+    peaks = None if health_fn is no_health else peaks
 
     def variant(health: Callable, norm: Callable) -> Callable:
-        body = build_body(grad_fn, optimizer, scaler, health, norm)
+        act = peaks.step_fns(measure=health is not no_health) if peaks is not None else (no_reset, no_peaks)
+        body = build_body(grad_fn, optimizer, scaler, health, norm, act)
 
         def step(*inputs):
             packed, _ = body(*inputs)
@@ -155,4 +176,4 @@ def make_step(loss_fn: Callable, weights: Sequence, optimizer, scaler, health_fn
     return Step(fn=variant(health_fn, norm_fn), loss_names=tuple(loss_names), weights=tuple(weights),
                 measures_health=health_fn is not no_health, measures_norm=norm_fn is not no_norm,
                 build_plain=None if single else lambda: variant(no_health, plain_norm),
-                plain_norm=plain_norm is not no_norm)
+                plain_norm=plain_norm is not no_norm, peaks=peaks)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import ops
 
+from ampgan.amp.activations import ActivationPeaks
 from ampgan.steps.common import Step, make_step
 
 
@@ -62,12 +63,14 @@ def generator_loss_fn(gen, critic, scaler_g):
 
 
 def build_gan_steps(gen, critic, critic_gp, opt_g, opt_d, scaler_g, scaler_d, gp_lambda: float,
-                    health_fn, jit: bool = True) -> tuple[Step, Step]:
-    """Return (critic_step(real, z, alpha), generator_step(z))."""
+                    health_fn, jit: bool = True, critic_peaks: ActivationPeaks | None = None,
+                    gen_peaks: ActivationPeaks | None = None) -> tuple[Step, Step]:
+    """Return (critic_step(real, z, alpha), generator_step(z)); each measures the activation peaks
+    of its own net (`critic_peaks`, `gen_peaks`; None: none)."""
     critic_loss = critic_loss_fn(gen, critic, critic_gp, scaler_d, gp_lambda)
     generator_loss = generator_loss_fn(gen, critic, scaler_g)
     critic_step = make_step(critic_loss, critic.trainable_params(), opt_d, scaler_d, health_fn,
-                            CRITIC_LOSSES, jit)
+                            CRITIC_LOSSES, jit, critic_peaks)
     generator_step = make_step(generator_loss, gen.trainable_params(), opt_g, scaler_g, health_fn,
-                               GENERATOR_LOSSES, jit)
+                               GENERATOR_LOSSES, jit, gen_peaks)
     return critic_step, generator_step

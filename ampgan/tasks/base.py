@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 import mindspore as ms
 import numpy as np
+from ampgan.amp.activations import ActivationPeaks, headroom
 from ampgan.amp.health import HEALTH_FIELDS, grad_health, no_health
 from ampgan.config.schema import Settings
 from ampgan.data import Batches, build_dataset
-from ampgan.steps.common import Step
+from ampgan.steps.common import Step, StepStatus
 
 
 SAMPLES_OVER_TIME = "samples"   # run-folder subfolder of the pictures made at each evaluation
@@ -21,20 +22,21 @@ class NetState:
 
     Steps are launched without waiting (`push`); `drain` fetches what is pending in one go,
     so the host does not stall MindSpore after every step, only at the logging cadence.
-    Only what a step measured is reported: health fields from the newest measured status
-    drained (none when health was off or no drained status was measured), `grad_norm` only
-    when the newest status computed the norm.
+    Only what a step measured is reported: health fields and activation peaks from the newest
+    measured status drained (none when health was off or no drained status was measured),
+    `grad_norm` only when the newest status computed the norm. `float16`: the run computes in
+    float16 (an AMP level), so each peak also has a headroom, FP16_MAX / peak.
     """
 
     COUNTERS = ("skipped", "clipped", "steps", "nonfinite_run")
 
-    def __init__(self, prefix: str, step: Step):
-        self.prefix, self.step = prefix, step
+    def __init__(self, prefix: str, step: Step, float16: bool = False):
+        self.prefix, self.step, self.float16 = prefix, step, float16
         self.sizes = np.array([p.size for p in step.weights], dtype=np.float64)
         self.pending: list[tuple[int, ms.Tensor, bool]] = []  # (step, packed status, measured)
         self.skipped = self.clipped = self.steps = 0
         self.nonfinite_run = 0          # consecutive steps whose loss was not finite
-        self.last_health: np.ndarray | None = None
+        self.last_measured: StepStatus | None = None
 
     def push(self, step: int, packed_status, measured: bool) -> None:
         """A launched step's status; `measured`: it ran the measuring variant (`Step.measured`)."""
@@ -44,9 +46,22 @@ class NetState:
         """Launch the step on `inputs` (measuring or plain variant) and push its status."""
         self.push(step, self.step.launch(*inputs, measure=measure), self.step.measured(measure))
 
+    @property
+    def last_health(self) -> np.ndarray | None:
+        """Per-parameter gradient health of the newest measured status drained (None: none measured)."""
+        return self.last_measured.health if self.step.measures_health and self.last_measured else None
+
+    def peaks(self) -> dict[str, float]:
+        """Cell path -> max |output| of the newest measured status drained, for the cells its
+        forward passes ran (empty: no activation peaks measured)."""
+        if self.last_measured is None:
+            return {}
+        return {path: float(v) for path, v in zip(self.step.act_paths, self.last_measured.act)
+                if not v < 0}   # NOT_REACHED is negative; a NaN peak was reached
+
     def drain(self) -> tuple[int, dict[str, float]]:
         """(last step, metrics) of the steps since the last drain: losses averaged; scale from the
-        last, health from the last measured."""
+        last, health and activation peaks from the last measured."""
         if not self.pending:
             return 0, {}
         last_step, _, last_measured = self.pending[-1]
@@ -68,22 +83,35 @@ class NetState:
         })
         if self.step.computes_norm(last_measured):
             out[f"{p}/grad_norm"] = last.grad_norm
-        if self.step.measures_health and measured:
-            h = self.last_health = measured[-1].health
+        if not measured:
+            return last_step, out
+        self.last_measured = measured[-1]
+        if (h := self.last_health) is not None:
             w = self.sizes / self.sizes.sum()
             out[f"{p}/underflow"] = float(h[:, HEALTH_FIELDS.index("underflow")] @ w)
             out[f"{p}/zero"] = float(h[:, HEALTH_FIELDS.index("zero")] @ w)
             out[f"{p}/max_abs_scaled_grad"] = float(h[:, HEALTH_FIELDS.index("max_abs")].max())
             out[f"{p}/nonfinite"] = float(h[:, HEALTH_FIELDS.index("nonfinite")].sum())
+        if peaks := self.peaks():
+            peak = float(np.max(list(peaks.values())))   # NaN if any peak is
+            out[f"{p}/act_max_abs"] = peak
+            if self.float16:
+                out[f"{p}/headroom"] = headroom(peak)
         return last_step, out
 
     def layer_health(self) -> dict[str, float]:
-        """Per-parameter health of the last drained step, named `grad/<param>/<field>` (empty if not measured)."""
-        if self.last_health is None:
-            return {}
-        return {f"grad/{name}/{field}": float(v)
-                for name, row in zip(self.step.param_names, self.last_health)
-                for field, v in zip(HEALTH_FIELDS, row)}
+        """Per-parameter health and per-cell activation peaks of the newest measured step drained:
+        `grad/<param>/<field>`, `act/<cell path>/max_abs` (and `.../headroom` in float16 runs);
+        empty if nothing was measured."""
+        out = {}
+        if (h := self.last_health) is not None:
+            out.update({f"grad/{name}/{field}": float(v)
+                        for name, row in zip(self.step.param_names, h) for field, v in zip(HEALTH_FIELDS, row)})
+        for path, peak in self.peaks().items():
+            out[f"act/{path}/max_abs"] = peak
+            if self.float16:
+                out[f"act/{path}/headroom"] = headroom(peak)
+        return out
 
     def counters(self) -> dict[str, int]:
         return {k: int(getattr(self, k)) for k in self.COUNTERS}
@@ -227,3 +255,14 @@ class TaskBase:
 
 def health_fn(s: Settings):
     return grad_health if s.trainer.grad_health else no_health
+
+
+def activation_peaks(s: Settings, net: ms.nn.Cell, root: str) -> ActivationPeaks | None:
+    """The activation peaks to measure in `net`'s step (`root`: its name in `roots()`), or None:
+    `trainer.headroom` or `trainer.grad_health` is off."""
+    return ActivationPeaks(net, root) if s.trainer.grad_health and s.trainer.headroom else None
+
+
+def computes_float16(s: Settings) -> bool:
+    """The nets compute in float16: an AMP level other than O0 (the headroom metrics are logged)."""
+    return s.amp.level != "O0"

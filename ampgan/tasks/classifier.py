@@ -11,7 +11,7 @@ from ampgan.config.schema import ClassifierConfig, Settings
 from ampgan.data import Batches, Dataset
 from ampgan.tasks.metrics import confusion_matrix, softmax_cross_entropy
 from ampgan.steps.classifier import LOSSES, build_classifier_step, classifier_loss_fn
-from ampgan.tasks.base import NetState, Optimised, TaskBase, health_fn
+from ampgan.tasks.base import NetState, Optimised, TaskBase, activation_peaks, computes_float16, health_fn
 from ampgan.config.targets import instantiate
 from ampgan.tasks.targets import build_net, build_optimizer, check_classifier_fits, data_shape_args
 
@@ -39,8 +39,9 @@ class ClassifierTask(TaskBase):
         self.scalers = {"train.scaler": build_scaler(s.scaler, "train.scaler")}
         self.rngs = {}
         step = build_classifier_step(net_amp, self.loss, opt, self.scalers["train.scaler"], health_fn(s),
-                                     fp32_loss=s.amp.fp32_loss, jit=s.hardware.jit)
-        self.state = NetState("train", step)
+                                     fp32_loss=s.amp.fp32_loss, jit=s.hardware.jit,
+                                     peaks=activation_peaks(s, net_amp, ""))
+        self.state = NetState("train", step, float16=computes_float16(s))
         self.batches = Batches(data.x_train, data.y_train, s.trainer.batch_size, s.trainer.seed)
 
     @staticmethod

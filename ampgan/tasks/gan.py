@@ -13,7 +13,8 @@ from ampgan.config.schema import Settings, WganGpConfig
 from ampgan.data import Batches, Dataset
 from ampgan.tasks.metrics import mode_coverage, sliced_wasserstein
 from ampgan.steps.gan import CRITIC_LOSSES, GENERATOR_LOSSES, build_gan_steps, critic_loss_fn, generator_loss_fn
-from ampgan.tasks.base import SAMPLES_OVER_TIME, NetState, Optimised, TaskBase, health_fn
+from ampgan.tasks.base import (SAMPLES_OVER_TIME, NetState, Optimised, TaskBase, activation_peaks, computes_float16,
+                               health_fn)
 from ampgan.tasks.targets import build_net, build_optimizer, check_gan_fits, data_shape_args
 
 
@@ -54,9 +55,10 @@ class GanTask(TaskBase):
         critic_step, gen_step = build_gan_steps(
             gen_amp, critic_amp, twin if twin is not None else critic_amp, opt_g, opt_d,
             self.scalers["gen.scaler"], self.scalers["critic.scaler"],
-            m.gp_lambda, health_fn(s), jit=s.hardware.jit)
-        self.critic_state = NetState("critic", critic_step)
-        self.gen_state = NetState("gen", gen_step)
+            m.gp_lambda, health_fn(s), jit=s.hardware.jit,
+            critic_peaks=activation_peaks(s, critic_amp, "critic"), gen_peaks=activation_peaks(s, gen_amp, "gen"))
+        self.critic_state = NetState("critic", critic_step, float16=computes_float16(s))
+        self.gen_state = NetState("gen", gen_step, float16=computes_float16(s))
         self.batches = Batches(data.x_train, data.y_train, s.trainer.batch_size, s.trainer.seed)
         self.rng = np.random.default_rng(s.trainer.seed + 1)
         self.rngs = {"noise": self.rng}
@@ -112,10 +114,14 @@ class GanTask(TaskBase):
         return out
 
     def train_step(self, step: int, measure: bool = True) -> None:
-        """Launch one iteration's sub-steps; `measure`: with gradient health (its status will be read)."""
+        """Launch one iteration's sub-steps; `measure`: its statuses will be read. A drain reports
+        each net's newest measured status (`NetState.drain`), so only each net's last sub-step of
+        the iteration measures (gradient health, activation peaks); the critic's others run plain."""
         states = {"critic": self.critic_state, "gen": self.gen_state}
-        for net, inputs in self.step_inputs():
-            states[net].launch(step, inputs, measure)
+        subs = self.step_inputs()
+        last = {net: i for i, (net, _) in enumerate(subs)}
+        for i, (net, inputs) in enumerate(subs):
+            states[net].launch(step, inputs, measure and i == last[net])
 
     def generate(self, n: int, seed: int) -> np.ndarray:
         rng = np.random.default_rng(seed)

@@ -44,7 +44,7 @@ def structure_key(s: Settings, data) -> str:
 
     hardware = {k: v for k, v in dataclasses.asdict(s.hardware).items() if k != "threads"}
     key = {"model": section("model"), "amp": section("amp"), "scaler": section("scaler"), "hardware": hardware,
-           "batch_size": s.trainer.batch_size, "grad_health": s.trainer.grad_health,
+           "batch_size": s.trainer.batch_size, "grad_health": s.trainer.grad_health, "headroom": s.trainer.headroom,
            "sample_shape": list(data.sample_shape), "n_classes": data.n_classes}
     return json.dumps(key, sort_keys=True, default=str)
 
