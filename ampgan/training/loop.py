@@ -14,9 +14,13 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from ampgan.amp.float16 import FP16_MAX
 from ampgan.training import checkpoint
 
 log = logging.getLogger("ampgan")
+
+WARNING_TAG = "ampgan.warning"        # why the run should be diagnosed, and the command that does it
+NEXT_COMMAND_TAG = "ampgan.next_command"   # that command alone
 
 
 def fit(task, tracker, cfg, run_dir: Path, start_step: int = 0, compiled: bool = True) -> dict[str, float]:
@@ -35,8 +39,9 @@ def run_steps(task, tracker, cfg, run_dir: Path, steps: range, progress: Progres
     Steps run ahead of the host: statuses are fetched at the logging / printing / checkpoint
     cadence (and on a stop request), and every fetched status is logged. Whatever ends the
     loop (an error, a signal), the statuses still pending are fetched and logged. Only the
-    steps whose health is logged (log and layer-health steps, the first step) compute it;
-    a status fetched for the status line, a checkpoint or a stop request may lack it.
+    steps whose health is logged (log and layer-health steps, the first step) compute it
+    (gradient health, activation peaks); a status fetched for the status line, a checkpoint or
+    a stop request may lack it. Every fetch is checked for the run's one warning (`warn_once`).
     """
     step = steps.start - 1
     try:
@@ -49,7 +54,7 @@ def run_steps(task, tracker, cfg, run_dir: Path, steps: range, progress: Progres
             save_now = bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0 and step < cfg.max_steps
             task.train_step(step, measure=log_now or layers_now)  # launched; status fetched only when needed
             if log_now or print_now or layers_now or save_now or STOP.requested:
-                metrics = log_pending(task, tracker)
+                metrics = log_pending(task, tracker, cfg, progress)
                 if first:  # the first step compiles the graphs
                     tracker.log_metrics({"startup/first_step_s": time.perf_counter() - started}, 0)
                 if layers_now:
@@ -69,19 +74,58 @@ def run_steps(task, tracker, cfg, run_dir: Path, steps: range, progress: Progres
             STOP.check()
     finally:
         try:
-            log_pending(task, tracker)
+            log_pending(task, tracker, cfg, progress)
         except Exception as err:  # noqa: BLE001 - a broken runtime must not hide the original error
             log.warning(f"could not fetch the last step statuses: {type(err).__name__}: {err}")
     return step, "completed"
 
 
-def log_pending(task, tracker) -> dict[str, float]:
-    """Fetch every pending step status and log it at its own step; the merged metrics (for the status line)."""
+def log_pending(task, tracker, cfg=None, progress: Progress | None = None) -> dict[str, float]:
+    """Fetch every pending step status and log it at its own step; the merged metrics (for the status line).
+    With `cfg` and `progress`, each fetched status is checked for the run's warning (`warn_once`)."""
     merged: dict[str, float] = {}
     for step, metrics in task.metrics():
         tracker.log_metrics(metrics, step)
         merged.update(metrics)
+        if progress is not None and not progress.warned:
+            warn_once(task, tracker, cfg, progress, step, metrics)
     return merged
+
+
+def warning_reason(metrics: dict[str, float], nonfinite_run: int, threshold: float) -> str | None:
+    """Why a run should be diagnosed now, from one fetch's metrics, or None.
+
+    In order: the smallest `<net>/headroom` (FP16_MAX / the net's largest leaf-cell output, float16
+    runs) under `threshold`; a loss or an activation peak that is not finite, or losses non-finite
+    in the newest step (`nonfinite_run`)."""
+    low = sorted((v, k) for k, v in metrics.items() if k.endswith("/headroom") and not v >= threshold)
+    if low:
+        value, key = low[0]
+        return (f"{key} {value:.3g} < trainer.headroom_warn={threshold:g}: an activation is within "
+                f"{value:.3g}x of float16's largest value {FP16_MAX:g} (a forward overflow ahead)")
+    bad = [k for k, v in metrics.items() if k.endswith(("/loss", "/act_max_abs")) and not math.isfinite(v)]
+    if bad or nonfinite_run:
+        return f"{', '.join(bad) or 'the losses'} not finite"
+    return None
+
+
+def diagnose_command(run_id: str | None) -> str:
+    """The command that asks whether the run's trouble is float16's fault."""
+    if run_id:
+        return f"python -m ampgan.diagnose diagnose.run={run_id}"
+    return "python -m ampgan.diagnose <this run's overrides>"
+
+
+def warn_once(task, tracker, cfg, progress: Progress, step: int, metrics: dict[str, float]) -> None:
+    """The run's one warning: a log line and the tags `ampgan.warning` (why, and the next command)
+    and `ampgan.next_command` (the command alone: `python -m ampgan.diagnose diagnose.run=<run id>`)."""
+    reason = warning_reason(metrics, task.nonfinite_run(), cfg.headroom_warn)
+    if reason is None:
+        return
+    progress.warned = True
+    command = diagnose_command(tracker.run_id)
+    log.warning(f"step {step}: {reason}; is it float16's fault? next: {command}")
+    tracker.set_tags({WARNING_TAG: f"step {step}: {reason}; next: {command}", NEXT_COMMAND_TAG: command})
 
 
 def log_eval_picture(task, tracker, run_dir: Path, step: int) -> None:
@@ -143,6 +187,7 @@ class Progress:
         self.first_note = "compiling" if compiles else "compiled steps reused"
         self.start = self.last = time.perf_counter()
         self.past_first = False  # the first step's line was printed: speed counts from there
+        self.warned = False      # the run's one warning was given (`warn_once`)
 
     def due(self, step: int) -> bool:
         timed = self.seconds > 0 and time.perf_counter() - self.last >= self.seconds
