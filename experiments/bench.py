@@ -8,7 +8,7 @@ block over the baseline's block in the same round), and beside its median stands
 bootstrap interval over the rounds. A target counts as met only when the whole interval is
 below it ("met"); "not met" when the whole interval is above it; "unresolved" when the
 interval straddles it (the machine was too noisy to tell). The headline pairs (ampgan vs a
-bare MindSpore loop, for each model; gradient health; tracking) time 4x more rounds of
+bare MindSpore loop, for each model; gradient health; activation headroom; tracking) time 4x more rounds of
 half-length blocks than the other comparisons, to resolve a 2% difference; a calibration
 pair (two identical loops) shows how far from 1.00 the bench reads no difference. Periodic work
 (evaluation, checkpoints) is switched off in the timed blocks; metric logging keeps its
@@ -24,6 +24,7 @@ outputs/bench/bench.json, and an MLflow run in the experiment "ampgan-bench".
     python -m experiments.bench --only memory --no-startup     # memory alone
     python -m experiments.bench --only "ampgan vs bare"        # the three bare-loop comparisons
     python -m experiments.bench --only "ampgan vs bare,gradient health,tracking to" --repeats 25 --no-startup  # the headline pairs, 100 rounds
+    python -m experiments.bench --quick --only "activation headroom" --no-startup   # activation headroom's cost alone
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from hydra import compose, initialize_config_dir
 
 from ampgan import report_error
 from ampgan.training import hardware  # first: it quiets MindSpore's C++ logging before MindSpore loads
-from ampgan.config.schema import CONF_DIR, Settings, outputs_dir, validate
+from ampgan.config.schema import CONF_DIR, Settings, TrainerConfig, outputs_dir, validate
 from ampgan.data import Dataset
 from ampgan.tasks import build_task, load_data, task_class
 from ampgan.tracking.tracker import MlflowTracker
@@ -70,6 +71,7 @@ LIKE_BARE = ["trainer.grad_health=false", "tracking=none"]  # what the bare loop
 # The issue's targets: the most a feature (or ampgan itself) may cost, as a ratio over its baseline.
 TARGET_AMPGAN_VS_BARE = 1.02
 TARGET_HEALTH = 1.03
+TARGET_HEADROOM = 1.03      # activation headroom on top of gradient health, at the default cadence
 TARGET_TRACKING = 1.02
 TARGET_DIAGNOSE = 3.0
 TARGET_MEMORY_GROWTH_PCT = 5.0
@@ -267,6 +269,15 @@ def _comparisons(store: str, device: str, quick: bool):
     yield Comparison("gradient health (WGAN-GP O2 dynamic, no tracking)",
                      {"off": lambda: amp(o2 + LIKE_BARE), "on": lambda: amp(o2 + ["tracking=none"])}, "off", short,
                      target=TARGET_HEALTH, rounds=HEADLINE_ROUNDS)
+    # a block is one cycle of the default cadence (log_every iterations, one of them measured), so that every
+    # round's ratio holds the measured step's cost in its share; both variants run the same step numbers
+    cycle = TrainerConfig.log_every
+    for name, model in (("activation headroom (WGAN-GP O2 dynamic, gradient health on, no tracking)", GAN),
+                        ("activation headroom: classifier (digits, O2 dynamic, gradient health on, no tracking)",
+                         CLASSIFIER + ["trainer.batch_size=64"])):
+        on = model + O2_DYNAMIC + ["tracking=none"]
+        yield Comparison(name, {"off": lambda o=on: amp(o + ["trainer.headroom=false"]), "on": lambda o=on: amp(o)},
+                         "off", cycle, target=TARGET_HEADROOM, rounds=HEADLINE_ROUNDS if model is GAN else 1.0)
     yield Comparison("tracking to MLflow at the default cadence (WGAN-GP O2 dynamic)",
                      {"none": lambda: amp(o2 + ["tracking=none"]), "mlflow": lambda: amp(o2 + ["tracking.background=never"]),
                       "mlflow, helper process": lambda: amp(o2 + ["tracking.background=always"])}, "none", short,
