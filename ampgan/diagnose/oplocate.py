@@ -3,34 +3,39 @@
 A cell is too coarse an answer (one attention cell holds a q.k matmul, a softmax, a Dense), so
 at the failing sub-step diagnose replays the forward pass and the loss once more, uncompiled
 (PYNATIVE), with an API hook that observes every operator call, as MindSpore's TroubleShooter
-and msProbe do. What MindSpore 2.10 goes through, measured (docs/diagnose.md):
+and msProbe do. The entry points MindSpore 2.10 really goes through (measured; the name an op
+is recorded under in brackets):
   - primitives: every `Primitive` subclass's `__call__` (1244 of the 1926 classes define their
-    own, generated ones call pyboost directly); nn.Dense (MatMul, BiasAdd), nn.LayerNorm
-    (LayerNorm), nn.Softmax (Softmax), nn.BatchNorm2d (BatchNorm), nn.Conv2d (Conv2D), nn.GELU
-    (GeLU) and nn.CrossEntropyLoss (through ops.cross_entropy) all end in one;
-  - functions: `mindspore.ops`, `mindspore.ops.functional`, `mindspore.mint` and
-    `mindspore.mint.nn.functional` (ops.matmul -> MatMulExt, ops.softmax -> Softmax; mint's are
-    C++ overloads that call no Python primitive);
-  - Tensor methods and operators: `x @ y`, `x * y`, `x.sum()`... are methods of the C++ base
-    class `TensorPy` that call no Python primitive: they are shadowed on `Tensor` itself.
+    own: the generated ones call pyboost directly). nn.Dense [Reshape, MatMul, BiasAdd],
+    nn.LayerNorm [LayerNorm], nn.Softmax [Softmax], nn.BatchNorm2d [BatchNorm], nn.Conv2d [Conv2D];
+  - functions of `mindspore.ops`, `mindspore.ops.functional`, `mindspore.mint` and
+    `mindspore.mint.nn.functional`: ops.matmul [ops.matmul, MatMulExt below it], ops.softmax
+    [ops.softmax], nn.GELU [ops.gelu], nn.CrossEntropyLoss [ops.cross_entropy]; mint's are C++
+    overloads that call no Python primitive;
+  - Tensor methods and operators: `q @ k` [Tensor.__matmul__], `x * y` [Tensor.__mul__],
+    `x.sum()` [Tensor.sum]: methods of the C++ base class `TensorPy` that call no Python
+    primitive, shadowed on `Tensor` itself.
 Only the outermost call is recorded (a call made while another hooked call runs is that call's
 implementation), so `ops.softmax(x)` is one op, not a function and a primitive. Everything is
 put back when the block ends, also when the forward raises. PYNATIVE's mixed precision casts
-an op's inputs in C++: under O2 a cell's casts are not op calls.
+an op's inputs in C++: under O2 a cell's input casts are not op calls.
 
 Each call is recorded (`OpCall`) with the innermost named cell running it (forward pre/post
 hooks keep a stack of running cells; paths are `cell_paths`', MindSpore's and ampgan's AMP
 wrappers transparent), its occurrence index among that cell's calls of that op, the output's
-shape, dtype, max |x| and non-finite count, the inputs' non-finite count, whether it computes in
-FP32 inside a cell kept in FP32, and the source line: the first stack frame outside MindSpore's
-package and ampgan's AMP and diagnose code (the user's net, or ampgan's own models and loss).
+shape, dtype, max |x| and non-finite count, the inputs' non-finite and NaN counts, whether it
+computes in FP32 inside a cell kept in FP32, and the source line: the first stack frame outside
+MindSpore's package and ampgan's AMP and diagnose code (the user's net, or ampgan's own models
+and loss).
 
 The origin (`first_bad_op`) is the first call in execution order whose inputs hold no NaN and no
 more infinities than the FP32 twin's same call (a call fed float16's inf or NaN is not the
-origin; what a kernel makes of NaN differs between float16 and FP32) while its output holds more (or, computing in FP32 in a cell kept in FP32, exceeds 65504: cast
-back to float16 it would be inf). The twin's call is matched by (cell path, op name, occurrence
-index), casts left out on both sides (the twin has none of AMP's). Comparing counts with the twin,
-not with zero, leaves the model's own infinities (a -inf attention mask) alone.
+origin; what a kernel makes of NaN differs between float16 and FP32) while its output holds
+more (or, computing in FP32 in a cell kept in FP32, exceeds 65504: cast back to float16 it
+would be inf). The twin's call is matched by (cell path, op name, occurrence index), casts left
+out on both sides (the twin has none of AMP's). Comparing counts with the twin, not with zero,
+leaves the model's own infinities (a -inf attention mask) alone. In the backward phase
+(`first_bad_gradient`) a tensor hook on each op's output sees the gradient reaching it.
 """
 
 from __future__ import annotations
@@ -69,6 +74,9 @@ _NOT_OPS = frozenset({"grad", "value_and_grad", "vjp", "jvp", "vmap", "jacfwd", 
                       "ms_kernel", "print_", "deprecated", "is_tensor", "isconstant", "cpu_ms_kernel"})
 _OP_MODULES = ("mindspore.ops.function.", "mindspore.ops.functional_overload", "mindspore.ops.auto_generate",
                "mindspore.mint")
+# ... and whole modules of them: higher-order derivatives, communication, debugging, resharding
+_NOT_OP_MODULES = ("mindspore.ops.function.grad", "mindspore.ops.function.vmap_func", "mindspore.ops.function.comm_func",
+                   "mindspore.ops.function.debug_func", "mindspore.ops.function.reshard_func")
 # Tensor operators (C++ ones not in MindSpore's list of C++ methods, and Python ones) and the
 # Python methods worth naming as the user wrote them (the primitives below them are hooked anyway)
 _TENSOR_OPERATORS = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
@@ -162,7 +170,8 @@ class OpCall:
     """One recorded operator call."""
 
     op: str               # "MatMul" (a primitive), "ops.softmax", "mint.matmul", "Tensor.__matmul__"
-    cell: str             # the innermost named cell running it ("" outside every cell, e.g. the loss)
+    cell: str             # the innermost named cell running it; a root's own body: the root's name ("" for
+                          # the classifier); "" outside every net too (the loss: `in_net` False)
     index: int            # its occurrence among `cell`'s calls of `op` (casts not counted: -1)
     shape: tuple
     dtype: str
@@ -202,9 +211,8 @@ class OpHit:
     gradient: bool = False   # the values are the gradient at its output (backward), not the output
 
     def describe(self) -> str:
-        twin = f"FP32 {self.fp32_max:.4g}" if not np.isnan(self.fp32_max) else "no FP32 counterpart"
-        if self.gradient:
-            twin += " (times AMP's loss scale)"
+        scaled = " (times AMP's loss scale)" if self.gradient else ""
+        twin = f"FP32 {self.fp32_max:.4g}{scaled}" if not np.isnan(self.fp32_max) else "no FP32 counterpart"
         where = f"cell {self.cell}" if self.cell else ("the net" if self.in_net else "the loss")
         value = "gradient at its output" if self.gradient else "output"
         return (f"op {self.op} in {where}, {value} {list(self.shape)}: AMP max|x| {self.amp_max:.4g} "
@@ -254,8 +262,9 @@ def _subclasses(cls: type) -> list[type]:
 def _op_functions(module, label: str) -> Iterator[tuple[str, str, Callable]]:
     """(attribute, op name, function) for the operator functions a module offers."""
     for name, fn in sorted(vars(module).items()):
+        origin = getattr(fn, "__module__", None) or ""
         if (isinstance(fn, types.FunctionType) and not name.startswith("_") and name not in _NOT_OPS
-                and (fn.__module__ or "").startswith(_OP_MODULES)):
+                and origin.startswith(_OP_MODULES) and not origin.startswith(_NOT_OP_MODULES)):
             yield name, f"{label}.{name}", fn
 
 
