@@ -39,7 +39,7 @@ CORPUS = [
     ("diag_precision", "precision", "head",
      "features + 1e3 hold 11 significant bits in float16 (steps of 0.5): centring them inside the head "
      "leaves almost nothing of the features, with every value far inside float16's range"),
-    ("diag_framework", "framework", "critic",
+    ("diag_framework", "framework", "critic.score",
      "it is not float16: PYNATIVE's second-order gradient of the penalty is wrong (the FP32 twin's too); "
      "the conv critic's final Dense gets zero"),
 ]

@@ -166,6 +166,10 @@ def test_fp32_that_does_not_learn_either_is_not_amp_even_without_a_nan():
     both_stuck = horizon(course("AMP", 100, "no_progress"), course("FP32", 100, "no_progress"))
     v = decide(classifier_o2(), DiagnoseConfig(), fp32_twin(), clean(), {}, horizon=both_stuck)
     assert v.name == "not_amp" and v.exit_code == 3 and "no_progress" in v.headline
+    # a replay that shows float16 failing comes first: a run that does not learn and overflows too
+    located = Located(1, "train", "forward", "head", float("inf"), 3.0)
+    failing = synced({"train": net_trace("train", [False] * 4)})
+    assert decide(classifier_o2(), DiagnoseConfig(), fp32_twin(), failing, {}, located, horizon=both_stuck).name == "overflow"
 
 
 def test_not_amp_only_when_fp32_fails_no_later_than_amp():
@@ -230,3 +234,29 @@ def test_relative_error_needs_both_step_sizes_to_be_wrong_and_counts_a_nan_gradi
     assert relative_error(np.array([1.0, 2.0, -3.0]), [fd_kinked, fd_good]) < 1e-9
     assert relative_error(np.zeros(3), [fd_kinked, fd_good]) == pytest.approx(1.0)
     assert relative_error(np.array([1.0, np.nan, -3.0]), [fd_good, fd_good]) == np.inf
+
+
+def test_a_parameter_on_the_net_itself_is_named_but_never_offered_as_a_cell_to_keep_in_fp32():
+    """A language model's position table `pos` is a Parameter of the net, not of a cell: a keep-list
+    entry `pos` would match no cell (verify: unverifiable)."""
+    s = classifier_o2()
+    t = net_trace("train", [True] * 4, rel_err=0.5)
+    t.param_names = ("pos", "head.fc.weight")
+    rows = t.compare
+    for row in rows:
+        row[1, COMPARE_FIELDS.index("rel_err")] = 0.001   # the head tracks FP32; pos does not
+    v = decide(s, DiagnoseConfig(), fp32_twin(), synced({"train": t}), {})
+    assert v.name == "precision" and v.layer == "pos"
+    assert not any(o.startswith("amp.keep_fp32") for f in v.fixes for o in f.overrides), [f.text for f in v.fixes]
+
+
+def test_a_scaler_still_halving_through_backward_overflows_is_finding_its_scale_but_a_forward_overflow_fails():
+    s = wgan_dynamic()
+    gen = net_trace("gen", [False, False])
+    gen.scale = [1024.0, 512.0]                      # halved after each skipped step; every loss finite
+    gen.amp_losses = [{"loss": 0.5}, {"loss": 0.4}]
+    nets = {"critic": net_trace("critic", [True] * 10), "gen": gen}
+    v = decide(s, DiagnoseConfig(), fp32_twin(), synced(nets), {})
+    assert v.name == "healthy" and any("still finding its scale" in e for e in v.evidence)
+    gen.amp_losses = [{"loss": float("inf")}, {"loss": float("inf")}]   # the forward overflows: no scale helps
+    assert decide(s, DiagnoseConfig(), fp32_twin(), synced(nets), {}).name == "overflow"

@@ -25,7 +25,7 @@ from ampgan.diagnose import report
 from ampgan.diagnose.config import diagnose_settings
 from ampgan.diagnose.pipeline import Analysis, analyse, framework_check, reference_for
 from ampgan.diagnose.search import SearchResult, search_keep_list
-from ampgan.diagnose.horizon import run_horizon
+from ampgan.diagnose.horizon import BLOCK, run_horizon
 from ampgan.diagnose.verdict import NO_AMP_FIX, Fix, Verdict
 from ampgan.training import checkpoint
 from ampgan.diagnose.verify import Checked, Proof, prove_seeds, verify_fixes
@@ -163,7 +163,8 @@ def diagnose(cfg: DictConfig, run_dir: Path | None = None, echo=print) -> Result
         if dcfg.horizon:
             origin = checkpoint.read_host(start)["step"] if start is not None else 0
             steps = dcfg.horizon if failed_at is None else max(1, failed_at - origin)
-            horizon = run_horizon(s, data, steps, dcfg, Path(scratch), start, progress=progress,
+            every = max(1, min(BLOCK, dcfg.steps))   # the failure known to within the replay's length
+            horizon = run_horizon(s, data, steps, dcfg, Path(scratch), start, every, progress,
                                   run_failed_at=failed_at, run_failure=failure)
             start = horizon.lockstep_start()
         replay = lockstep_length(dcfg.steps, horizon, start)

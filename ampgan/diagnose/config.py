@@ -27,7 +27,7 @@ class DiagnoseConfig:
     horizon: int = 50             # training steps the run and its FP32 twin each train first: does the run fail,
                                   # does FP32 (a logged run: up to its failure); 0: off (no `healthy` for a run)
     horizon_seconds: float = 120.0  # time bound of each of the two horizon runs
-    min_progress: float = 0.05    # share of the gap between the objective at step 0 and its best value that a run
+    min_progress: float = 0.02    # share of the gap between the objective at step 0 and its best value that a run
                                   # must close over the horizon to count as learning
     diverge_tol: float = 0.5      # share of that gap the objective may worsen by before it is divergence
     locate: bool = True           # instrument the first non-finite step (forward, GP inner gradient, backward)

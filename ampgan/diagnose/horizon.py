@@ -16,8 +16,9 @@ A run fails at the first of:
                horizon's last step). From a checkpoint a run may have converged already, so
                there only divergence and non-finite losses count.
 
-The AMP run writes a full-state checkpoint set every `every` (10) steps into a scratch folder: the
-lockstep replay (`replay.py`) starts from the newest one before its failure and runs at least to it.
+The AMP run writes a full-state checkpoint set every `every` steps (`diagnose.steps`, at most 10)
+into a scratch folder: the lockstep replay (`replay.py`) starts from the newest one before its
+failure and runs at least to it.
 """
 
 from __future__ import annotations
@@ -150,11 +151,10 @@ class Horizon:
                 if (p / checkpoint.HOST_FILE).exists() and checkpoint.read_host(p)["step"] < first]
         return sets[-1] if sets else self.start
 
-    @property
-    def fp32_fails_first(self) -> bool:
-        """The run fails, and FP32 fails too, no later than AMP does."""
+    def fp32_fails_first(self, kinds: tuple[str, ...] = ("non_finite", "diverged", "no_progress")) -> bool:
+        """The run fails, and FP32 fails too (in one of `kinds`), no later than AMP does."""
         a, f = self.amp.failed_at, self.fp32.failed_at
-        return a is not None and f is not None and f <= a
+        return a is not None and f is not None and f <= a and self.fp32.kind in kinds
 
     def describe(self) -> list[str]:
         out = [self.amp.describe(), self.fp32.describe()]

@@ -49,17 +49,26 @@ class NetSummary:
     settled_at: int | None     # the first finite sub-step (None: none was finite)
     nonfinite_after: int       # non-finite sub-steps after it
     first_failure: int | None  # iteration of the first non-finite sub-step after it (of the first, if none settled)
+    loss_nonfinite: int = 0    # sub-steps whose AMP loss is not finite: the forward pass, whatever the scale
+
+    @property
+    def finding_scale(self) -> bool:
+        """No finite step yet, only the backward overflowing, while the scale falls and is above 1:
+        a skipping scaler still finding its scale when the replay ended."""
+        return self.settled_at is None and not self.loss_nonfinite and 1.0 < self.scale_last < self.scale_first
 
     def failing(self, skips: bool, skip_tol: float) -> bool:
-        """Does this net fail? Without skipping, any non-finite step; a scaler that skips may spend
-        its first steps finding its scale, so it fails when no step was finite, or when more than
-        `skip_tol` of the steps after the first finite one are not. A NaN error is a finding."""
+        """Does this net fail? Without skipping, any non-finite step. A scaler that skips may spend
+        its first steps finding its scale: it fails when more than `skip_tol` of the steps have a
+        non-finite loss (the forward: no scale helps), when no step was finite unless it is still
+        finding its scale, or when more than `skip_tol` of the steps after the first finite one are
+        not finite. A NaN error is a finding."""
         if not self.nonfinite:
             return not np.isfinite(self.rel_err_median)
-        if not skips:
+        if not skips or self.loss_nonfinite / self.substeps > skip_tol:
             return True
         if self.settled_at is None:
-            return True
+            return not self.finding_scale
         return self.nonfinite_after / max(self.substeps - self.settled_at, 1) > skip_tol
 
 
@@ -74,7 +83,8 @@ def summarize_net(t: NetTrace) -> NetSummary:
     return NetSummary(t.net, len(t.finite), int((~ok).sum()), int((~np.array(t.applied, bool)).sum()),
                       float(np.median(rel)), float(np.max(rel)), float(np.max(lost)),
                       float(scale[0]), float(scale[-1]), int((np.diff(scale) != 0).sum()),
-                      settled, int(len(after)) if settled is not None else 0, first_failure)
+                      settled, int(len(after)) if settled is not None else 0, first_failure,
+                      sum(not all(np.isfinite(v) for v in losses.values()) for losses in t.amp_losses))
 
 
 def layer_rows(trace: Trace, ranges: dict | None = None) -> list[dict]:

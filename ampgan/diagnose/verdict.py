@@ -6,9 +6,11 @@ before the run's failure (per-step gradient error, flushing, non-finite steps, t
 value). Rules, first match wins:
   framework       the FP32 twin's GP weight gradient, in the run's mode, disagrees with finite
                   differences at both step sizes (`framework.py`); layer: the worst parameter's cell
-  not_amp         the run fails and FP32 fails too, no later than AMP does, in the horizon
-                  (non-finite loss, divergence, or no progress from step 0); or the FP32 twin's
-                  loss or gradient is not finite in the replay no later than AMP's first failure
+  not_amp         the run fails and FP32 fails too, no later than AMP does, in the horizon, by a
+                  non-finite loss or divergence; or the FP32 twin's loss or gradient is not finite
+                  in the replay no later than AMP's first failure (FP32 making no progress from
+                  step 0 counts below, after the float16 rules: a run that does not learn and
+                  also overflows has a float16 problem besides)
   overflow        a net fails in the replay: non-finite steps, any of them without a skipping
                   scaler; with one (dynamic, underflow_aware, skip_nonfinite), none finite at all, or
                   more than `skip_tol` of the net's steps after its first finite one (the first
@@ -23,6 +25,7 @@ value). Rules, first match wins:
                   FP32 gradient elements below float16's normals); the layer named loses the most
   precision       the median relative gradient error (synced) exceeds `rel_tol` with none of the
                   above (zeros where the gradients sit inside the range count here)
+  not_amp         neither the run nor its FP32 twin learns over the horizon (no progress)
   not_reproduced  none of the above, but the run fails (in the horizon, or in its logged history)
                   and the replay did not reach or explain it: how to get there is said
   healthy         otherwise: the run does not fail over the horizon and AMP tracks FP32
@@ -66,9 +69,33 @@ class Verdict:
         return EXIT_CODES.get(self.name, 1)
 
 
-def cell_of(param: str) -> str:
-    """`critic.score.0.weight` -> `critic.score.0`: the keep-list path of a parameter's cell."""
-    return param.rpartition(".")[0] or param
+def cell_of(param: str, roots: tuple[str, ...] = ()) -> str:
+    """`critic.score.0.weight` -> `critic.score.0`: the keep-list path of a parameter's cell; "" for
+    a parameter that sits on a net itself (`pos`, `critic.pos`: no cell to keep in FP32 but the whole net).
+    `roots`: the nets' root names in keep-list paths ("critic", "gen"; the classifier's is "")."""
+    cell = param.rpartition(".")[0]
+    return "" if cell in roots else cell
+
+
+def owner(param: str, roots: tuple[str, ...] = ()) -> str:
+    """The outermost named cell below the net's root that owns the parameter (`head.fc.weight` ->
+    `head`, `critic.score.0.weight` -> `critic.score`); "" for a parameter on a net itself."""
+    cell = cell_of(param, roots)
+    root = next((r for r in roots if r and cell.startswith(r + ".")), "")
+    rest = cell[len(root) + 1:] if root else cell
+    return ".".join(p for p in (root, rest.split(".")[0]) if p) if rest else ""
+
+
+def net_roots(trace) -> tuple[str, ...]:
+    """The root names the nets' parameter names start with: a net whose every parameter is named
+    `<net>.…` has that root (the WGAN-GP's critic, gen); otherwise "" (the classifier's)."""
+    return tuple(dict.fromkeys(t.net if t.param_names and all(p.startswith(t.net + ".") for p in t.param_names) else ""
+                               for t in trace.nets.values()))
+
+
+def keep_fixes(paths, why: str) -> list[Fix]:
+    """`amp.keep_fp32=[path]` for each distinct cell path; none for "" (a parameter on a net itself)."""
+    return [Fix([f"amp.keep_fp32=[{p}]"], why.format(p)) for p in dict.fromkeys(paths) if p]
 
 
 def skips_nonfinite(s: Settings) -> bool:
@@ -96,6 +123,7 @@ def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=N
     `run_failed_at`: a diagnosed run's first failing step from its logged history."""
     sums = {n: summarize_net(t) for n, t in synced.nets.items()}
     rows = layer_rows(synced, fits)
+    roots = net_roots(synced)
     ev = [f"{n}: relative gradient error median {x.rel_err_median:.3g} (max {x.rel_err_max:.3g}); "
           f"{x.nonfinite}/{x.substeps} steps non-finite, {x.skipped} skipped; loss scale {x.scale_first:g} -> "
           f"{x.scale_last:g}; gradient norm lost to flushing up to {x.lost_norm_max:.3g}" for n, x in sums.items()]
@@ -113,10 +141,8 @@ def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=N
         return Verdict("framework", f"the gradient penalty's second-order gradient is wrong in {framework.run_mode} "
                        "mode, in FP32 too: MindSpore, not float16", [framework.describe()] + ev,
                        cell_of(framework.param), fixes)
-    if horizon is not None and horizon.fp32_fails_first:
-        return Verdict("not_amp", f"the FP32 twin fails too (step {horizon.fp32.failed_at}: {horizon.fp32.failure}), "
-                       f"no later than AMP (step {horizon.amp.failed_at}): not float16; look at the learning rate, "
-                       "the data or the model", ev)
+    if horizon is not None and horizon.fp32_fails_first(("non_finite", "diverged")):
+        return _fp32_fails(horizon, ev)
     skips = skips_nonfinite(s)
     failing = [n for n, x in sums.items() if x.failing(skips, dcfg.skip_tol)]
     amp_failed_at = min((sums[n].first_failure for n in failing if sums[n].first_failure is not None), default=None)
@@ -134,10 +160,9 @@ def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=N
                            "finite; not located (run with diagnose.locate=true diagnose.mode=synced for the cell)", ev)
         if located.phase == "forward":
             where = located.where
-            fixes = [Fix([f"amp.keep_fp32=[{where}]"], f"{where} computes in FP32, beyond float16's range")]
-            parent = cell_of(where) if "." in where else ""
-            if parent:
-                fixes.append(Fix([f"amp.keep_fp32=[{parent}]"], f"the enclosing cell {parent} in FP32"))
+            fixes = (keep_fixes([where], "{} computes in FP32, beyond float16's range")
+                     + keep_fixes([p for p in [where.rpartition(".")[0]] if p != where and p not in roots],
+                                  "the enclosing cell {} in FP32"))
             return Verdict("overflow", f"forward overflow in float16 at {where}", ev, where, fixes)
         if located.phase == "loss":  # every cell's output finite: the loss itself, not a cell
             fixes = [] if s.amp.fp32_loss else [Fix(["amp.fp32_loss=true"], "the loss in FP32")]
@@ -146,22 +171,25 @@ def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=N
         if located.phase == "gp_inner":
             return Verdict("overflow", f"the gradient penalty's inner gradient overflows float16 (through {located.where})",
                            ev, located.where,
-                           [Fix(["amp.fp32_gradient_penalty=true"], "the penalty through an FP32 twin of the critic"),
-                            Fix([f"amp.keep_fp32=[{located.where}]"], "the layer the inner gradient overflows at in FP32")])
+                           [Fix(["amp.fp32_gradient_penalty=true"], "the penalty through an FP32 twin of the critic")]
+                           + keep_fixes([located.where], "the layer the inner gradient overflows at in FP32"))
         fit = fits.get(located.net)
         t = synced.nets[located.net]
         scale = float(t.scale[t.iterations.index(located.iteration)])
         if fit is not None and fit.k_hi is not None and scale > 2.0 ** fit.k_hi:
             return Verdict("scaler", f"loss scale {scale:g} is above what the gradients allow "
                            f"(<= 2^{fit.k_hi}): the scaler overflows the backward pass itself", ev,
-                           cell_of(located.where), _scale_fixes(s, common))
-        return Verdict("overflow", f"backward overflow in float16 at {located.where}", ev, cell_of(located.where),
-                       [Fix([f"amp.keep_fp32=[{cell_of(located.where)}]"], "that layer in FP32")]
-                       + _scale_fixes(s, common))
+                           cell_of(located.where, roots), _scale_fixes(s, common))
+        return Verdict("overflow", f"backward overflow in float16 at {located.where}", ev, cell_of(located.where, roots),
+                       keep_fixes([cell_of(located.where, roots)], "that layer in FP32") + _scale_fixes(s, common))
     for n, x in sums.items():
         if s.scaler.name in ("dynamic", "underflow_aware") and x.scale_changes > max(3, x.substeps / 3):
             return Verdict("scaler", f"the {n} loss scale oscillates ({x.scale_changes} changes in {x.substeps} steps)",
                            ev, "", _scale_fixes(s, common))
+    for n, x in sums.items():
+        if x.finding_scale:
+            ev.append(f"{n}: the scaler was still finding its scale when the replay ended (loss scale {x.scale_first:g} -> "
+                      f"{x.scale_last:g}, every step's backward overflowing, the forward finite)")
     nonfinite = sum(x.nonfinite for x in sums.values())
     if nonfinite:
         ev.append(f"{nonfinite}/{sum(x.substeps for x in sums.values())} steps overflowed and were skipped while the "
@@ -179,11 +207,11 @@ def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=N
         ev.insert(0, f"{worst_lost['param']}: up to {100 * worst_lost['lost_norm_max']:.1f}% of its FP32 gradient norm "
                      f"flushed to zero ({100 * worst_lost['flushed_max']:.1f}% of elements), "
                      f"{100 * worst_lost['subnormal_max']:.1f}% subnormal, at loss scale {sums[net].scale_last:g}")
-        return Verdict("underflow", f"float16 underflow: gradients flushed to zero in {cell_of(worst_lost['param'])}",
-                       ev, cell_of(worst_lost["param"]),
+        where = cell_of(worst_lost["param"], roots) or worst_lost["param"]   # a parameter on the net itself: itself
+        return Verdict("underflow", f"float16 underflow: gradients flushed to zero in {where}", ev, where,
                        _scale_fixes(s, common) + [Fix(["scaler=underflow_aware"], "raises the scale when gradients sit "
-                                                       "in float16's subnormal range"),
-                                                  Fix([f"amp.keep_fp32=[{cell_of(worst_lost['param'])}]"], "that layer in FP32")])
+                                                       "in float16's subnormal range")]
+                       + keep_fixes([cell_of(worst_lost["param"], roots)], "that layer in FP32"))
     rel = max(x.rel_err_median for x in sums.values())   # finite: a NaN made its net fail above
     if rel > dcfg.rel_tol:
         norms = {}
@@ -195,10 +223,12 @@ def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=N
         ev.insert(0, f"{worst['param']}: median relative error {worst['rel_err_median']:.3g}, cosine down to "
                      f"{worst['cosine_min']:.4f}, no overflow, {100 * worst['flushed_max']:.2f}% flushed")
         fixes = [] if s.amp.fp32_loss else [Fix(["amp.fp32_loss=true"], "the loss (softmax cross-entropy) in FP32")]
-        where = _owner(worst["param"])
-        fixes += [Fix([f"amp.keep_fp32=[{p}]"], f"{p} in FP32") for p in dict.fromkeys([where, cell_of(worst["param"])])]
+        where = owner(worst["param"], roots) or worst["param"]
+        fixes += keep_fixes([owner(worst["param"], roots), cell_of(worst["param"], roots)], "{} in FP32")
         return Verdict("precision", f"float16 precision loss (no range problem) at {where}: median "
                        f"relative gradient error {rel:.3g} > {dcfg.rel_tol}", ev, where, fixes)
+    if horizon is not None and horizon.fp32_fails_first():   # neither learns, and the replay shows no float16 cause
+        return _fp32_fails(horizon, ev)
     unreached = _unreached(horizon, run_failed_at, ref)
     if unreached:
         return Verdict("not_reproduced", unreached[0], ev + unreached[1:])
@@ -209,6 +239,12 @@ def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=N
     a = horizon.amp
     return Verdict("healthy", f"{tracks}, and the run does not fail over {a.done} steps "
                    f"({a.objective} {a.before:.4g} -> {a.after:.4g})", ev)
+
+
+def _fp32_fails(horizon, ev: list[str]) -> Verdict:
+    return Verdict("not_amp", f"the FP32 twin fails too (step {horizon.fp32.failed_at}: {horizon.fp32.failure}), "
+                   f"no later than AMP (step {horizon.amp.failed_at}): not float16; look at the learning rate, "
+                   "the data or the model", ev)
 
 
 def _unreached(horizon, run_failed_at: int | None, ref) -> list[str]:
@@ -233,11 +269,3 @@ def _unreached(horizon, run_failed_at: int | None, ref) -> list[str]:
             f"how to get there: start nearer the failure (trainer.checkpoint_every={max(1, run_failed_at // 10)} in "
             f"the run, then diagnose.run=<id>), or a longer horizon (diagnose.horizon={run_failed_at + 1}, "
             f"diagnose.horizon_seconds={2 * (horizon.amp.seconds if horizon is not None else 60):.0f})"]
-
-
-def _owner(param: str) -> str:
-    """The outermost named cell below the net root that owns the parameter (`head.fc.weight` -> `head`)."""
-    parts = cell_of(param).split(".")
-    if parts[0] in ("critic", "gen"):
-        return ".".join(parts[:2]) if len(parts) > 1 else parts[0]
-    return parts[0]
