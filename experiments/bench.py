@@ -301,7 +301,18 @@ def _comparisons(store: str, device: str, quick: bool):
                              "bare", scale_it, rounds=0.6)
 
 
+DIAGNOSED = (("WGAN-GP", GAN), ("transformer, ViT on digits", TRANSFORMER))
+
+
 def diagnose_cost(store: str, device: str, quick: bool, repeats: int = 5) -> list[dict]:
+    """diagnose's replay against training, for each model of `DIAGNOSED`, and the op-level locate's one-off cost."""
+    rows = []
+    for label, model in DIAGNOSED:
+        rows += replay_cost(label, model, store, device, quick, repeats)
+    return rows + op_locate_cost(store, device, repeats)
+
+
+def replay_cost(label: str, model: list[str], store: str, device: str, quick: bool, repeats: int) -> list[dict]:
     """diagnose's replay of N iterations against N training iterations of the same run (target <= 3x).
 
     The replay is what `python -m ampgan.diagnose diagnose.mode=synced` runs per iteration: the FP32
@@ -316,7 +327,7 @@ def diagnose_cost(store: str, device: str, quick: bool, repeats: int = 5) -> lis
 
     n = 4 if quick else 12
     rounds = max(3, repeats) + (0 if quick else 3)
-    overrides = GAN + O2_DYNAMIC + ["tracking=none"]
+    overrides = model + O2_DYNAMIC + ["tracking=none"]
     s = settings_for(overrides, device)
     data = load_data(s)
     runner = AmpganRunner(overrides, store, device)
@@ -333,11 +344,39 @@ def diagnose_cost(store: str, device: str, quick: bool, repeats: int = 5) -> lis
         runner.run(n)
         train.append((time.perf_counter() - t) / n)
     runner.close()
-    name = "diagnose replay vs training (WGAN-GP O2 dynamic, N iterations)"
+    name = f"diagnose replay vs training ({label} O2 dynamic, N iterations)"
     return [ratio_row(name, "training", train, train, "training"),
             ratio_row(name, "diagnose replay (synced)", diag, train, "training", TARGET_DIAGNOSE),
             ratio_row(name, "replay part: FP32 twin (record)", twin, train, "training"),
             ratio_row(name, "replay part: AMP step + comparison", amp, train, "training")]
+
+
+def op_locate_cost(store: str, device: str, repeats: int) -> list[dict]:
+    """The op-level locate, paid once per diagnosis: the failing step's forward pass and loss replayed
+    uncompiled with every op call hooked, AMP and FP32 twin, on the transformer (ViT on digits, O2),
+    against one compiled training step of the same run, round by round."""
+    from ampgan.diagnose.oplocate import locate_op
+    from ampgan.diagnose.replay import build_seeded, fp32_twin_settings, roots
+
+    overrides = TRANSFORMER + O2_DYNAMIC + ["tracking=none"]
+    s = settings_for(overrides, device)
+    data = load_data(s)
+    task, twin = build_seeded(s, data), build_seeded(fp32_twin_settings(s), data)
+    name, inputs = task.step_inputs()[0]
+    runner = AmpganRunner(overrides, store, device)
+    runner.run(2)
+    located, step = [], []
+    for _ in range(max(3, repeats)):
+        t = time.perf_counter()
+        locate_op(task, twin, roots(task), roots(twin), name, inputs)
+        located.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        runner.run(1)
+        step.append(time.perf_counter() - t)
+    runner.close()
+    name = "op-level locate, once per diagnosis (ViT on digits, O2; ms per call)"
+    return [ratio_row(name, "training step", step, step, "training step"),
+            ratio_row(name, "op-level locate (AMP + FP32 twin, every op hooked)", located, step, "training step")]
 
 
 def default_run_peak_rss(device: str, max_steps: int | None = None) -> dict:

@@ -76,3 +76,19 @@ def test_fp32_twin_shares_parameters_and_matches_fp32_gradient():
     via_twin = penalty_weight_grads(twin, params, real, fake, alpha)
     for a, b in zip(fp32, via_twin):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_the_framework_check_runs_compiled_too_on_the_fp32_twin_and_finds_it_right():
+    """The old check ran only with jit off and compared the AMP critic's gradient (float16's own
+    error read as MindSpore's). Now: whenever the task has a penalty, the FP32 twin's gradient in
+    the run's mode (here compiled) against finite differences at two step sizes: right."""
+    from ampgan.config.schema import validate
+    from ampgan.diagnose.pipeline import framework_check
+    from ampgan.tasks import load_data
+    from tests.conftest import compose_cfg
+
+    s = validate(compose_cfg("amp=o2", "scaler=dynamic", "trainer.batch_size=64"))
+    check = framework_check(s, load_data(s), "auto")
+    assert check is not None and set(check.modes) == {"jit"} and check.run_mode == "jit"
+    assert not check.wrong and check.entries >= 8, check.describe()
+    assert framework_check(s, load_data(s), "never") is None
