@@ -258,12 +258,13 @@ def test_a_logged_failure_beyond_the_replay_is_not_reproduced_and_the_horizon_re
     trained = runs[0].info.run_id
     short = run_diagnose(f"diagnose.run={trained}", "diagnose.steps=1", "diagnose.horizon=0", outputs=outputs)
     assert short.returncode == 4, short.stdout + short.stderr
-    first = short.stdout.splitlines()[0]
+    first = next(line for line in short.stdout.splitlines() if line.startswith("verdict: "))
     assert first.startswith("verdict: not_reproduced") and "failed at step 2" in first, first
     assert "diagnose.horizon=3" in short.stdout and "trainer.checkpoint_every" in short.stdout
     reached = run_diagnose(f"diagnose.run={trained}", "diagnose.steps=1", outputs=outputs)
     assert reached.returncode == 3, reached.stdout + reached.stderr
-    assert reached.stdout.startswith("verdict: not_amp - the FP32 twin fails too (step 2")
+    verdict = next(line for line in reached.stdout.splitlines() if line.startswith("verdict: "))
+    assert verdict.startswith("verdict: not_amp - the FP32 twin fails too (step 2"), verdict
 
 
 def test_fp32_that_does_not_learn_is_not_amp_not_healthy():

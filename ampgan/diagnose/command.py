@@ -109,7 +109,7 @@ def checkpoint_start(run_id: str, cfg: DictConfig, failed_at: int | None) -> Pat
 
 def lockstep_length(steps: int, horizon, start: Path | None) -> int:
     """`diagnose.steps`, or as many as reach the failure the horizon found from where the replay starts."""
-    if horizon is None or horizon.amp.failed_at is None:
+    if horizon is None or horizon.amp.kind != "non_finite":
         return steps
     origin = checkpoint.read_host(start)["step"] if start is not None else 0
     return max(steps, horizon.amp.failed_at - origin)

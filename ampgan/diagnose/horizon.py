@@ -143,8 +143,9 @@ class Horizon:
     run_failure: str = ""
 
     def lockstep_start(self) -> Path | None:
-        """The newest checkpoint set the AMP run wrote before its failure (else the horizon's start)."""
-        if self.amp.failed_at is None or self.amp.folder is None:
+        """The newest checkpoint set the AMP run wrote before its non-finite loss (else the horizon's
+        start: a run that diverges or does not learn fails over the whole horizon, at no one step)."""
+        if self.amp.kind != "non_finite" or self.amp.folder is None:
             return self.start
         first = self.amp.failed_from or self.amp.failed_at
         sets = [p for p in sorted((self.amp.folder / "checkpoints").glob("step-*"))
