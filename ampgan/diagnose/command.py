@@ -102,17 +102,14 @@ def checkpoint_start(run_id: str, cfg: DictConfig, failed_at: int | None) -> Pat
         return None
     if failed_at is None:
         return newest
-    before = [p for p in sorted(newest.parent.glob("step-*"))
-              if (p / checkpoint.HOST_FILE).exists() and checkpoint.read_host(p)["step"] < failed_at]
-    return before[-1] if before else None
+    return checkpoint.newest_before(newest.parent, failed_at)
 
 
 def lockstep_length(steps: int, horizon, start: Path | None) -> int:
     """`diagnose.steps`, or as many as reach the failure the horizon found from where the replay starts."""
     if horizon is None or horizon.amp.kind != "non_finite":
         return steps
-    origin = checkpoint.read_host(start)["step"] if start is not None else 0
-    return max(steps, horizon.amp.failed_at - origin)
+    return max(steps, horizon.amp.failed_at - checkpoint.step_of(start))
 
 
 def run_failure(run_id: str, uri: str) -> tuple[int | None, str]:
@@ -161,8 +158,7 @@ def diagnose(cfg: DictConfig, run_dir: Path | None = None, echo=print) -> Result
     with tempfile.TemporaryDirectory(prefix="ampgan-horizon-") as scratch:
         horizon = None
         if dcfg.horizon:
-            origin = checkpoint.read_host(start)["step"] if start is not None else 0
-            steps = dcfg.horizon if failed_at is None else max(1, failed_at - origin)
+            steps = dcfg.horizon if failed_at is None else max(1, failed_at - checkpoint.step_of(start))
             every = max(1, min(BLOCK, dcfg.steps))   # the failure known to within the replay's length
             horizon = run_horizon(s, data, steps, dcfg, Path(scratch), start, every, progress,
                                   run_failed_at=failed_at, run_failure=failure)

@@ -99,7 +99,7 @@ def train_course(s: Settings, data: Dataset, label: str, steps: int, dcfg, start
     """Train `s` for `steps` steps from `start` (a checkpoint set; None: step 0) and judge its course
     (`judge_progress` False: a shortened course, where too little progress says nothing)."""
     task = build_seeded(s, data, start)
-    start_step = checkpoint.read_host(start)["step"] if start is not None else 0
+    start_step = checkpoint.step_of(start)
     course = Course(label, start_step, steps, task.objective, task.direction, task.objective_best,
                     float(task.evaluate()[task.objective]), folder=folder)
     end = start_step + steps
@@ -148,9 +148,7 @@ class Horizon:
         if self.amp.kind != "non_finite" or self.amp.folder is None:
             return self.start
         first = self.amp.failed_from or self.amp.failed_at
-        sets = [p for p in sorted((self.amp.folder / "checkpoints").glob("step-*"))
-                if (p / checkpoint.HOST_FILE).exists() and checkpoint.read_host(p)["step"] < first]
-        return sets[-1] if sets else self.start
+        return checkpoint.newest_before(self.amp.folder / "checkpoints", first) or self.start
 
     def fp32_fails_first(self, kinds: tuple[str, ...] = ("non_finite", "diverged", "no_progress")) -> bool:
         """The run fails, and FP32 fails too (in one of `kinds`), no later than AMP does."""

@@ -128,7 +128,7 @@ def record_reference(s: Settings, data: Dataset, iterations: int, progress: Prog
         _tick(progress, "FP32 twin", it, iterations)
     names = {net: probe.layout.param_names for net, probe in nets.items()}
     return Reference(ref_s, task, steps, names, time.perf_counter() - started, failed_at, failure, start,
-                     checkpoint.read_host(start)["step"] if start is not None else 0, clock)
+                     checkpoint.step_of(start), clock)
 
 
 def _tick(progress: Progress, what: str, it: int, total: int) -> None:

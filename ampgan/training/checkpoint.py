@@ -58,6 +58,17 @@ def save(task, folder: Path, step: int, keep: int = 2, extra: dict | None = None
     return final
 
 
+def newest_before(folder: Path, step: int) -> Path | None:
+    """The newest complete set in a `checkpoints/` folder written before training step `step`, or None."""
+    sets = [p for p in sorted(folder.glob("step-*")) if (p / HOST_FILE).exists() and read_host(p)["step"] < step]
+    return sets[-1] if sets else None
+
+
+def step_of(path: Path | None) -> int:
+    """The training step a checkpoint set was written at; 0 for None (a start from step 0)."""
+    return read_host(path)["step"] if path is not None else 0
+
+
 def latest(folder: Path) -> Path | None:
     """The newest complete set in a `checkpoints/` folder, or None."""
     pointer = folder / LATEST
