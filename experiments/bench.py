@@ -12,7 +12,10 @@ bare MindSpore loop, for each model; gradient health; activation headroom; track
 half-length blocks than the other comparisons, to resolve a 2% difference; a calibration
 pair (two identical loops) shows how far from 1.00 the bench reads no difference. Periodic work
 (evaluation, checkpoints) is switched off in the timed blocks; metric logging keeps its
-default cadence. Memory: the peak RSS of the default `python -m ampgan.train` run, and RSS
+default cadence. Host time, for each ampgan-vs-bare pair: a loop's wall time minus the time
+inside its compiled step calls (`StepClock`), per iteration; ampgan's beyond bare's, round by
+round, in µs with its interval (target <= 100 µs): a CPU figure, so it holds for any device's
+host. Memory: the peak RSS of the default `python -m ampgan.train` run, and RSS
 over a long in-process run (`--memory-steps`). Results: outputs/bench/bench.md,
 outputs/bench/bench.json, and an MLflow run in the experiment "ampgan-bench".
 
@@ -73,6 +76,7 @@ TARGET_AMPGAN_VS_BARE = 1.02
 TARGET_HEALTH = 1.03
 TARGET_HEADROOM = 1.03      # activation headroom on top of gradient health, at the default cadence
 TARGET_TRACKING = 1.02
+TARGET_HOST_US = 100.0     # host time per iteration beyond the bare loop's, in µs, on every model
 TARGET_DIAGNOSE = 3.0
 TARGET_MEMORY_GROWTH_PCT = 5.0
 TARGET_STARTUP_S = 5.0      # command to first finished step, cold
@@ -141,11 +145,57 @@ def ratio_row(comparison: str, variant: str, times: Sequence[float], base_times:
     return row
 
 
+def host_row(host: Sequence[float], base_host: Sequence[float], target_us: float | None) -> dict:
+    """A variant's host time per iteration (wall minus its compiled steps), median [min-max] in µs, and
+    beyond the baseline's, round by round: median with its 95% bootstrap interval and verdict."""
+    us = [1e6 * h for h in host]
+    beyond = [1e6 * (h - b) for h, b in zip(host, base_host)]
+    low, high = bootstrap_ci(beyond)
+    out = {"host_us": statistics.median(us), "host_us_min": min(us), "host_us_max": max(us),
+           "host_beyond_us": statistics.median(beyond), "host_ci_low_us": low, "host_ci_high_us": high}
+    if target_us is not None:
+        out.update(host_target_us=target_us, host_verdict=verdict((low, high), target_us))
+    return out
+
+
 def settings_for(overrides: list[str], device: str) -> Settings:
     """The validated settings `python -m ampgan.train <overrides> hardware=<device>` would run with."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides + [f"hardware={device.lower()}"])
     return validate(cfg)
+
+
+class StepClock:
+    """Seconds spent inside compiled step calls (a jitted call on CPU returns when its graph has run).
+
+    A loop's wall time minus this is its host time: everything the loop does in Python around the
+    steps (batches, inputs, statuses, bookkeeping, logging). The bench wraps the steps of a built
+    runner from outside (`wrap`); nothing in ampgan's own classes is timed."""
+
+    def __init__(self):
+        self.seconds = 0.0
+
+    def wrap(self, fn: Callable) -> Callable:
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - started
+
+        return timed
+
+    def wrap_step(self, step) -> None:
+        """Time both variants of an ampgan `Step`, the plain one also when it is built later."""
+        single = step.plain is step.fn
+        step.fn = self.wrap(step.fn)
+        if single:
+            step.plain = step.fn
+        elif step.plain is not None:
+            step.plain = self.wrap(step.plain)
+        else:
+            build = step.build_plain
+            step.build_plain = lambda: self.wrap(build())
 
 
 class AmpganRunner:
@@ -162,6 +212,9 @@ class AmpganRunner:
         self.tracker.start("bench-variant", {}, {"bench": "variant"})
         t = s.trainer
         self.progress, self.step = Progress(t.max_steps, 0, t.print_every, t.print_seconds), 1
+        self.clock = StepClock()
+        for state in self.task.states():
+            self.clock.wrap_step(state.step)
 
     def run(self, iterations: int) -> None:
         steps = range(self.step, self.step + iterations)
@@ -204,6 +257,10 @@ class BareRunner:
         s = settings_for(overrides, device)
         hardware.setup(s.hardware, s.trainer.seed)
         self.loop = BARE_LOOPS[s.model.name](s, load_data(s))
+        self.clock = StepClock()
+        for name in ("step", "critic_step", "generator_step"):
+            if hasattr(self.loop, name):
+                setattr(self.loop, name, self.clock.wrap(getattr(self.loop, name)))
 
     def run(self, iterations: int) -> None:
         self.loop.run(iterations)
@@ -220,6 +277,7 @@ class Comparison:
     target: float | None = None            # max ratio over the baseline, where there is one
     rounds: float = 1.0                    # x the --repeats rounds (the headline figures get more)
     times: dict[str, list[float]] = field(default_factory=dict)
+    host: dict[str, list[float]] = field(default_factory=dict)   # per round: seconds per iteration outside the steps
 
     def measure(self, repeats: int) -> None:
         """Build and warm every variant, then time one block of each per round, the order flipped each round."""
@@ -228,18 +286,29 @@ class Comparison:
         for runner in runners.values():
             runner.run(2)  # compile and warm up
         self.times = {label: [] for label in runners}
+        self.host = {label: [] for label in runners if hasattr(runners[label], "clock")}
         labels = list(runners)
         for r in range(rounds):
             for label in labels if r % 2 == 0 else labels[::-1]:
+                runner = runners[label]
+                in_steps = runner.clock.seconds if label in self.host else 0.0
                 t = time.perf_counter()
-                runners[label].run(self.iterations)
-                self.times[label].append((time.perf_counter() - t) / self.iterations)
+                runner.run(self.iterations)
+                wall = time.perf_counter() - t
+                self.times[label].append(wall / self.iterations)
+                if label in self.host:
+                    self.host[label].append((wall - (runner.clock.seconds - in_steps)) / self.iterations)
         for runner in runners.values():
             runner.close()
 
     def rows(self) -> list[dict]:
         base = self.times[self.baseline]
-        return [ratio_row(self.name, label, ts, base, self.baseline, self.target) for label, ts in self.times.items()]
+        rows = [ratio_row(self.name, label, ts, base, self.baseline, self.target) for label, ts in self.times.items()]
+        if self.baseline == "bare" and set(self.host) == set(self.times):
+            for row in rows:
+                row.update(host_row(self.host[row["variant"]], self.host[self.baseline],
+                                    TARGET_HOST_US if row["variant"] != self.baseline else None))
+        return rows
 
 
 def comparisons(store: str, device: str, quick: bool, only: str = ""):
@@ -461,6 +530,8 @@ def drop_page_cache() -> bool:
 def startup(store_dir: Path, device: str, repeats: int) -> list[dict]:
     """Command to first finished step, cold (the first run, page cache dropped where allowed) and warm
     (the next `repeats` runs): whole command from outside, and the split each run logs (startup/*).
+    Each run trains 2 steps, as a run of any length starts: the first step plain, the second one
+    measuring (a 1-step run's only step is its last, and a run's last step is measured).
     Then the floor the same way: the default run's WGAN-GP trained by hand in bare MindSpore
     (`python -m experiments.bare_loop`), from its process's start to its first finished iteration."""
     from mlflow.tracking import MlflowClient
@@ -472,7 +543,7 @@ def startup(store_dir: Path, device: str, repeats: int) -> list[dict]:
     walls = []
     for _ in range(1 + repeats):
         t = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "ampgan.train", "trainer.max_steps=1", "trainer.eval_samples=100",
+        subprocess.run([sys.executable, "-m", "ampgan.train", "trainer.max_steps=2", "trainer.eval_samples=100",
                         f"tracking.uri={uri}", "tracking.experiment=startup", f"hardware={device.lower()}"],
                        env=env, check=True, capture_output=True)
         walls.append(time.perf_counter() - t)
@@ -486,7 +557,7 @@ def startup(store_dir: Path, device: str, repeats: int) -> list[dict]:
                                       capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1]).stdout.splitlines()[-1]) for _ in range(1 + repeats)]
     floor = [b["to_first_step_s"] for b in bare]
     rows = []
-    for label, values in [("whole command (1 step, final eval, exit)", walls), *[(k.split("/")[1][:-2], v) for k, v in phases.items()],
+    for label, values in [("whole command (2 steps, final eval, exit)", walls), *[(k.split("/")[1][:-2], v) for k, v in phases.items()],
                           ("command to first finished step", to_first),
                           ("bare MindSpore, command to first finished step (the floor)", floor),
                           ("ampgan beyond the floor", [a - b for a, b in zip(to_first, floor)])]:
@@ -553,6 +624,11 @@ def _comparison_lines(rows: list[dict]) -> list[str]:
         lines.append(f"| {r['variant']} | {r['ms_per_iteration']:.1f} [{r['ms_min']:.1f}-{r['ms_max']:.1f}] | "
                      f"{r['ratio']:.3f} [{r['ratio_min']:.3f}-{r['ratio_max']:.3f}] | "
                      f"{r['ci_low']:.3f}-{r['ci_high']:.3f} | {target} | {r.get('verdict', '')} |")
+        if "host_us" in r and r["variant"] != r["baseline"]:
+            lines.append(f"| host time per iteration, µs (wall minus the compiled steps): {r['variant']} "
+                         f"{r['host_us']:.0f} [{r['host_us_min']:.0f}-{r['host_us_max']:.0f}] | | beyond {r['baseline']}: "
+                         f"{r['host_beyond_us']:+.0f} | {r['host_ci_low_us']:+.0f} to {r['host_ci_high_us']:+.0f} | "
+                         f"<= {r['host_target_us']:.0f} µs | {r['host_verdict']} |")
     return lines
 
 
@@ -616,6 +692,9 @@ def figures(rows: list[dict], start: list[dict], mem: dict, sweep: dict | None =
         key = _metric_name(f"{r['comparison'].split(' (')[0]}/{r['variant']}")
         out.update({f"{key}/ms": r["ms_per_iteration"], f"{key}/ratio": r["ratio"],
                     f"{key}/ratio_ci_low": r["ci_low"], f"{key}/ratio_ci_high": r["ci_high"]})
+        if "host_us" in r:
+            out.update({f"{key}/host_us": r["host_us"], f"{key}/host_beyond_us": r["host_beyond_us"],
+                        f"{key}/host_ci_low_us": r["host_ci_low_us"], f"{key}/host_ci_high_us": r["host_ci_high_us"]})
     out.update({f"startup/{_metric_name(r['phase'].split(' (')[0])}_s": r["seconds"] for r in start})
     out.update({f"startup/cold_{_metric_name(r['phase'].split(' (')[0])}_s": r["cold"] for r in start})
     if mem:
@@ -695,7 +774,8 @@ def main(argv: list[str] | None = None) -> int:
         tracker.log_metrics(figures(rows, start, mem, sweep), 0)
         tracker.log_artifact(out / "bench.md")
         tracker.log_artifact(out / "bench.json")
-    verdicts = ([r["verdict"] for r in rows + start if "verdict" in r] + ([sweep["verdict"]] if sweep else [])
+    verdicts = ([r["verdict"] for r in rows + start if "verdict" in r] + [r["host_verdict"] for r in rows if "host_verdict" in r]
+                + ([sweep["verdict"]] if sweep else [])
                 + ([mem["long_run"]["verdict"]] if "long_run" in mem else []))
     print(f"done in {meta['seconds']:.0f}s; targets: {verdicts.count('met')} met, {verdicts.count('not met')} not met, "
           f"{verdicts.count('unresolved')} unresolved; written to {out}")

@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from experiments.bench import bootstrap_ci, ratio_row, verdict
+from ampgan.steps.common import Step
+from experiments.bench import StepClock, bootstrap_ci, host_row, ratio_row, verdict
 
 
 def test_identical_ratios_give_a_zero_width_interval_at_their_value():
@@ -66,3 +67,34 @@ def test_a_row_takes_ratios_round_by_round_and_judges_only_variants_with_a_targe
     assert row["verdict"] == "met" and row["rounds"] == 3
     assert "verdict" not in ratio_row("c", "bare", base, base, "bare", target=1.02)
     assert "verdict" not in ratio_row("c", "other", variant, base, "bare")
+
+
+def test_host_time_beyond_the_baseline_is_taken_round_by_round_in_microseconds():
+    base = [300e-6, 900e-6, 310e-6]       # a slow round slows both loops' host work
+    variant = [350e-6, 950e-6, 355e-6]
+    row = host_row(variant, base, target_us=100)
+    assert row["host_beyond_us"] == pytest.approx(50) and row["host_us"] == pytest.approx(355)
+    assert row["host_ci_low_us"] >= 45 - 1e-9 and row["host_ci_high_us"] <= 50 + 1e-9
+    assert row["host_verdict"] == "met"
+    assert host_row([500e-6] * 3, [300e-6] * 3, target_us=100)["host_verdict"] == "not met"
+    assert "host_verdict" not in host_row(base, base, None)
+
+
+def test_the_step_clock_counts_time_inside_both_variants_even_one_built_later():
+    """The bench wraps a built Step from outside: the measured variant, and the plain one when it is built."""
+    calls = []
+
+    def work(tag):
+        def run(*inputs):
+            calls.append(tag)
+            return tag
+        return run
+
+    clock = StepClock()
+    step = Step(fn=work("measured"), loss_names=("loss",), weights=(), build_plain=lambda: work("plain"))
+    clock.wrap_step(step)
+    assert step.launch(measure=True) == "measured" and step.launch(measure=False) == "plain"
+    assert calls == ["measured", "plain"] and clock.seconds > 0
+    single = Step(fn=work("only"), loss_names=("loss",), weights=())
+    clock.wrap_step(single)
+    assert single.plain is single.fn and single.launch(measure=False) == "only"

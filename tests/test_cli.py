@@ -52,6 +52,7 @@ def _job_runs(outputs):
     return client, [r for r in runs if PARENT_TAG not in r.data.tags]
 
 
+@pytest.mark.slow  # `make test-full` (CI's time): test_sweeps' parallel sweep stays
 def test_sweep_logs_one_run_per_job_with_sweep_tags(outputs):
     proc = run_cli("-m", "scaler=fixed_clip", "scaler.clip_norm=0.5,1,2,5", "trainer=smoke", outputs=outputs)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -153,6 +153,7 @@ def test_checkpoints_hold_state_not_the_settings_read_at_run_time():
     assert {"train.scaler/factor", "train.scaler/window", "train.opt/lr0"} <= everything.keys() - state.keys()
 
 
+@pytest.mark.slow  # `make test-full` (CI's time): the reuse itself is checked bit for bit above
 def test_a_serial_sweep_compiles_once_and_says_so(outputs):
     """Jobs in order: (0.5, reuse), (0.5, no reuse), (2, reuse), (2, no reuse), (8, reuse), (8, no reuse)."""
     proc = run_cli("-m", "scaler=fixed_clip", "scaler.clip_norm=0.5,2,8", "trainer.reuse_compiled=true,false",

@@ -5,6 +5,8 @@ tagged with the command that diagnoses it; training itself is unchanged, bit for
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import logging
 import math
 import re
@@ -80,8 +82,10 @@ class Recorder:
 
 
 def loop(task, s, steps: int) -> Recorder:
+    """A run of `steps` steps (its last step is measured, whatever the cadence)."""
     tracker = Recorder()
-    run_steps(task, tracker, s.trainer, None, range(1, steps + 1), Progress(steps, 0, s.trainer.print_every, 0))
+    run_steps(task, tracker, replace(s.trainer, max_steps=steps), None, range(1, steps + 1),
+              Progress(steps, 0, s.trainer.print_every, 0))
     return tracker
 
 
@@ -237,8 +241,9 @@ def test_a_loud_activation_warns_once_and_tags_the_diagnose_command(outputs, tmp
     assert loud.data.tags[WARNING_TAG].endswith(f"; next: {command}")
     history = client.get_metric_history(loud.info.run_id, "train/headroom")
     assert [m.step for m in history] == [1, 2, 3, 4] and all(1 < m.value < 8 for m in history)
-    loud_cell = client.get_metric_history(loud.info.run_id, "act/loud/max_abs")
-    assert loud_cell and loud_cell[0].value == pytest.approx(FP16_MAX / history[0].value)
+    loud_cell = client.get_metric_history(loud.info.run_id, "act/loud/max_abs")   # per-layer: from step 2, training's start
+    headroom_at = {m.step: m.value for m in history}
+    assert loud_cell and loud_cell[0].step == 2 and loud_cell[0].value == pytest.approx(FP16_MAX / headroom_at[2])
     warnings = [r.getMessage() for r in caplog.records if "python -m ampgan.diagnose" in r.getMessage()]
     assert len(warnings) == 1 and warnings[0].startswith("step 1: train/headroom ")
     assert warnings[0].endswith(f"is it float16's fault? next: {command}")

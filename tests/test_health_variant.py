@@ -14,6 +14,7 @@ from ampgan.training import hardware
 from ampgan.amp.scalers import SCALERS
 from ampgan.config.schema import validate
 from ampgan.data import build_dataset
+from ampgan.steps.gan import CRITIC_LOSSES, GENERATOR_LOSSES
 from ampgan.tasks import build_task
 from ampgan.training.loop import Progress, run_steps
 from tests.conftest import compose_cfg
@@ -52,7 +53,7 @@ def loop(task, s) -> Recorder:
     return tracker
 
 
-@pytest.mark.parametrize("case", [GAN, CLASSIFIER], ids=["gan", "classifier"])
+@pytest.mark.parametrize("case", [GAN, pytest.param(CLASSIFIER, marks=pytest.mark.slow)], ids=["gan", "classifier"])
 def test_measuring_every_fifth_step_trains_bit_identically(case):
     """Same seed: weights, losses, loss scales and skipped counts agree exactly, step by step."""
     runs = []
@@ -81,16 +82,29 @@ def test_measuring_every_fifth_step_trains_bit_identically(case):
 
 
 def test_health_is_logged_exactly_at_the_measured_drains():
-    """Drains at 1, 3, 4, 5, 6, 8, 9, 10, 12; measured: log steps 5, 10, layer steps 4, 8, 12, the first."""
+    """Drains at 1 (the first step's line), 2, 3, 4, 5, 6, 8, 9, 10, 12; measured: the second step (training's
+    start, with per-layer health), log steps 5, 10, layer steps 4, 8, 12 (also the last). The first step runs
+    plain: the measuring variant compiles after its status line."""
     s, task = build(*CLASSIFIER, "amp=o2", "scaler=dynamic", "trainer.max_steps=12", "trainer.log_every=5",
                     "trainer.print_every=3", "trainer.layer_health_every=4")
-    logged = loop(task, s).logged
+    tracker = loop(task, s)
+    logged = tracker.logged
     drains = [step for step, m in logged if "train/loss" in m]
-    assert drains == [1, 3, 4, 5, 6, 8, 9, 10, 12]
+    assert drains == [1, 2, 3, 4, 5, 6, 8, 9, 10, 12]
     for field in (*HEALTH, "grad_norm"):
-        assert [step for step, m in logged if f"train/{field}" in m] == [1, 4, 5, 8, 10, 12], field
-    assert [step for step, m in logged if "grad/head.fc.weight/max_abs" in m] == [1, 4, 8, 12]
+        assert [step for step, m in logged if f"train/{field}" in m] == [2, 4, 5, 8, 10, 12], field
+    assert [step for step, m in logged if "grad/head.fc.weight/max_abs" in m] == [2, 4, 8, 12]
     assert task.state.step.launches == {"measured": 6, "plain": 6}
+
+
+def test_the_first_step_runs_plain_and_the_last_step_is_measured():
+    """Step 1's status line comes before the measuring variant's compile; a run's last status has health."""
+    s, task = build(*CLASSIFIER, "trainer.max_steps=7", "trainer.log_every=50", "trainer.layer_health_every=0")
+    logged = loop(task, s).logged
+    assert [step for step, m in logged if "train/underflow" in m] == [2, 7]
+    first = [m for step, m in logged if step == 1 and "train/loss" in m]
+    assert first and "train/underflow" not in first[0]
+    assert task.state.step.launches == {"measured": 2, "plain": 5}
 
 
 @pytest.mark.parametrize("scaler,plain_norm", [("dynamic", False), ("fixed_clip", True)])
@@ -135,3 +149,53 @@ def test_no_second_variant_with_health_off():
 def test_only_the_underflow_aware_scaler_reads_health():
     """make_step and validation both read the scaler config's `needs_health`."""
     assert [name for name, scaler in SCALERS.items() if scaler.config.needs_health] == ["underflow_aware"]
+
+
+LOSSES = {"critic": CRITIC_LOSSES, "gen": GENERATOR_LOSSES}
+
+
+def per_net(trace: list[tuple[int, dict[str, float]]], prefix: str) -> list[tuple[int, dict[str, float]]]:
+    return [(step, m) for step, m in trace if f"{prefix}/loss" in m]
+
+
+@pytest.mark.parametrize("scaler,health", [
+    ("dynamic", True), ("dynamic", False),   # the other scalers in `make test-full` (CI's time)
+    *(pytest.param(name, health, marks=pytest.mark.slow) for name in ("none", "static", "fixed_clip") for health in (True, False)),
+    pytest.param("underflow_aware", True, marks=pytest.mark.slow),   # it reads health: never without it
+], ids=lambda v: v if isinstance(v, str) else ("health" if v else "no-health"))
+def test_draining_statuses_in_blocks_reads_what_step_by_step_reads(scaler, health):
+    """The loop fetches statuses at its cadence, several at once (`NetState.drain` reads them as one
+    table). Against the same run drained after every step: the same weights bit for bit, each
+    block's losses the mean of its steps' losses, the same scale and skipped count at every
+    drain, the same health where a drained step was measured."""
+    overrides = (*GAN, "amp=o2", f"scaler={scaler}", "scaler.window=3", "scaler.init_scale=16777216",
+                 f"trainer.grad_health={str(health).lower()}")
+    block = 4
+    runs = []
+    for every in (1, block):
+        _, task = build(*overrides)
+        trace = []
+        for step in range(1, 17):
+            task.train_step(step, measure=step % block == 0)
+            if step % every == 0:
+                trace += task.metrics()
+        weights = {k: p.asnumpy().copy() for k, p in task.graph_parameters().items()}
+        runs.append((trace, weights, [s.counters() for s in task.states()]))
+    (steps, weights_a, counters_a), (blocks, weights_b, counters_b) = runs
+    assert counters_b == counters_a
+    for k, w in weights_a.items():
+        np.testing.assert_array_equal(weights_b[k], w, err_msg=k)
+    for prefix in ("critic", "gen"):
+        each, drained = dict(per_net(steps, prefix)), per_net(blocks, prefix)
+        assert [step for step, _ in drained] == [4, 8, 12, 16]
+        for step, m in drained:
+            span = range(step - block + 1, step + 1)
+            for loss in (f"{prefix}/{name}" for name in LOSSES[prefix]):
+                np.testing.assert_equal(m[loss], float(np.mean([each[i][loss] for i in span])), err_msg=loss)
+            assert m[f"{prefix}/finite"] == float(all(each[i][f"{prefix}/finite"] for i in span))
+            for key in (f"{prefix}/scale", f"{prefix}/skipped", f"{prefix}/clip_rate", f"{prefix}/grad_norm",
+                        *(f"{prefix}/{f}" for f in HEALTH)):
+                np.testing.assert_equal(m.get(key), each[step].get(key), err_msg=f"{key} at {step}")  # NaN == NaN
+    if scaler == "dynamic":   # the scaler did act: scales changed and steps were skipped
+        critic = [m for _, m in per_net(steps, "critic")]
+        assert len({m["critic/scale"] for m in critic}) > 1 and critic[-1]["critic/skipped"] > 0

@@ -109,6 +109,7 @@ def test_a_users_net_in_a_sweep_and_in_diagnose(user_package, outputs):
     assert "classify.weight" in diag.stdout and "features.0.weight" in diag.stdout
 
 
+@pytest.mark.slow  # `make test-full` (CI's time): search in test_search, the user's net in a sweep stay
 def test_a_users_net_in_a_search(user_package, outputs):
     import optuna
 
@@ -187,6 +188,7 @@ def test_bad_wgan_nets_are_one_line_and_no_run(case, user_package, outputs):
     assert runs == []
 
 
+@pytest.mark.slow  # `make test-full` (CI's time): the user's net resumes above
 def test_an_optimizer_of_the_users_choice_trains_checkpoints_and_resumes(outputs):
     """SGD with momentum as a partial target: it gets lr by name (not Adam's betas, which SGD does not
     take), and its momentum buffers are checkpointed with the run."""

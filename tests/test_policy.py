@@ -158,9 +158,11 @@ def test_parameter_names_survive_apply_amp(level, kind, keep):
 
 
 # ---------------------------------------------------------------- O1 training
-@pytest.mark.parametrize("overrides", [("amp=o1",), ("amp=o1", "amp.fp32_gradient_penalty=true"),
-                                       ("amp=o1", "model=classifier", "data=digits",
-                                        "amp.keep_fp32=[head,backbone.body.0,BatchNorm2d]")])
+@pytest.mark.parametrize("overrides", [("amp=o1",),   # the other two in `make test-full` (CI's time)
+                                       pytest.param(("amp=o1", "amp.fp32_gradient_penalty=true"), marks=pytest.mark.slow),
+                                       pytest.param(("amp=o1", "model=classifier", "data=digits",
+                                                     "amp.keep_fp32=[head,backbone.body.0,BatchNorm2d]"),
+                                                    marks=pytest.mark.slow)])
 def test_o1_smoke_train_runs(tmp_path, overrides):
     from ampgan.training.entry import train
 

@@ -94,6 +94,7 @@ def checkpoints(outputs: Path) -> list[Path]:
     return list(outputs.glob("multirun/*/*/*/checkpoints/step-*"))
 
 
+@pytest.mark.slow  # `make test-full` (CI's time): a SIGKILLed sweep; test_resume's sweep and SIGKILL tests stay
 def test_killed_sweep_resumes_every_job_once(outputs):
     """The launching process and its running jobs are SIGKILLed mid-sweep; `resume` finishes the rest.
 

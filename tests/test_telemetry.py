@@ -80,6 +80,7 @@ def test_a_run_and_its_tracking_helper_send_nothing_off_the_machine(tmp_path):
     assert off_machine(trace) == [], trace[-3000:]
 
 
+@pytest.mark.slow  # `make test-full` (CI's time): the run's and the dashboard's traces stay
 def test_the_opted_in_control_is_seen_by_the_trace(tmp_path):
     """With AMPGAN_TELEMETRY=true, MLflow's client looks up its telemetry host: the trace catches it."""
     trace, done = traced(TRAIN, plain_env(tmp_path / "out", AMPGAN_TELEMETRY="true"), tmp_path)

@@ -126,6 +126,7 @@ def test_a_trainer_killed_hard_lets_its_helper_exit_and_sync_delivers_the_rest(o
     assert_store_holds_the_journal_once(client, run.info.run_id, folder)
 
 
+@pytest.mark.slow  # `make test-full` (CI's time): the trainer killed hard stays
 def test_a_helper_killed_hard_stops_nothing_and_loses_nothing(outputs):
     proc = start(*LONG, "trainer.max_steps=2000", outputs=outputs)
     try:

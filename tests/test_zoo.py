@@ -13,7 +13,7 @@ SMOKE = ["model=classifier", "data=digits", "trainer=smoke", "trainer.max_steps=
          "trainer.eval_every=0", "tracking=none"]
 
 
-@pytest.mark.parametrize("level", ["o0", "o1", "o2", "o3"])
+@pytest.mark.parametrize("level", ["o2", *(pytest.param(v, marks=pytest.mark.slow) for v in ("o0", "o1", "o3"))])  # O2 in `make test`
 @pytest.mark.parametrize("net", NETS)
 def test_each_net_trains_under_each_amp_level(net, level, tmp_path):
     scaler = "none" if level == "o0" else "dynamic"

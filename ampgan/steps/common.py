@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import cached_property
 
 import mindspore as ms
 import numpy as np
@@ -14,6 +15,7 @@ from ampgan.amp.activations import ActivationPeaks, no_peaks, no_reset
 from ampgan.amp.health import HEALTH_FIELDS, global_norm, no_health, no_norm
 
 STATUS_FIELDS = ("finite", "applied", "scale", "grad_norm", "clipped")
+FINITE, APPLIED, SCALE, GRAD_NORM, CLIPPED = range(len(STATUS_FIELDS))   # their places in the status fields
 
 
 def build_update(optimizer, scaler, health_fn: Callable, norm_fn: Callable = global_norm) -> Callable:
@@ -39,6 +41,34 @@ def build_update(optimizer, scaler, health_fn: Callable, norm_fn: Callable = glo
         return status, health, unscaled
 
     return update
+
+
+@dataclass(frozen=True)
+class StatusLayout:
+    """The packed status of a step: losses, the STATUS_FIELDS, a health row per parameter, the
+    activation peaks; the slices of each, for one status (a row) or for stacked statuses (columns)."""
+
+    n_losses: int
+    n_params: int
+    n_act: int
+
+    @property
+    def losses(self) -> slice:
+        return slice(0, self.n_losses)
+
+    @property
+    def stat(self) -> slice:
+        return slice(self.n_losses, self.n_losses + len(STATUS_FIELDS))
+
+    @property
+    def health(self) -> slice:
+        start = self.n_losses + len(STATUS_FIELDS)
+        return slice(start, start + self.n_params * len(HEALTH_FIELDS))
+
+    @property
+    def act(self) -> slice:
+        start = self.health.stop
+        return slice(start, start + self.n_act)
 
 
 @dataclass
@@ -114,15 +144,20 @@ class Step:
         """Run the measuring step and wait for its decoded status."""
         return self.decode(self.launch(*inputs).asnumpy())
 
+    @cached_property
+    def layout(self) -> StatusLayout:
+        """Where each field sits in the packed status (fixed once the step is built)."""
+        return StatusLayout(len(self.loss_names), len(self.weights), len(self.act_paths))
+
     def decode(self, packed: np.ndarray) -> StepStatus:
-        n_loss, n_stat, n_act = len(self.loss_names), len(STATUS_FIELDS), len(self.act_paths)
-        stat = packed[n_loss : n_loss + n_stat]
+        lay = self.layout
+        stat = packed[lay.stat]
         return StepStatus(
-            losses=dict(zip(self.loss_names, packed[:n_loss].tolist())),
-            finite=bool(stat[0]), applied=bool(stat[1]), scale=float(stat[2]),
-            grad_norm=float(stat[3]), clipped=bool(stat[4]),
-            health=packed[n_loss + n_stat : len(packed) - n_act].reshape(len(self.param_names), len(HEALTH_FIELDS)),
-            act=packed[len(packed) - n_act :],
+            losses=dict(zip(self.loss_names, packed[lay.losses].tolist())),
+            finite=bool(stat[FINITE]), applied=bool(stat[APPLIED]), scale=float(stat[SCALE]),
+            grad_norm=float(stat[GRAD_NORM]), clipped=bool(stat[CLIPPED]),
+            health=packed[lay.health].reshape(lay.n_params, len(HEALTH_FIELDS)),
+            act=packed[lay.act],
         )
 
 

@@ -11,7 +11,7 @@ from ampgan.amp.activations import ActivationPeaks, headroom
 from ampgan.amp.health import HEALTH_FIELDS, grad_health, no_health
 from ampgan.config.schema import Settings
 from ampgan.data import Batches, build_dataset
-from ampgan.steps.common import Step, StepStatus
+from ampgan.steps.common import APPLIED, CLIPPED, FINITE, GRAD_NORM, SCALE, Step, StepStatus
 
 
 SAMPLES_OVER_TIME = "samples"   # run-folder subfolder of the pictures made at each evaluation
@@ -32,7 +32,8 @@ class NetState:
 
     def __init__(self, prefix: str, step: Step, float16: bool = False):
         self.prefix, self.step, self.float16 = prefix, step, float16
-        self.sizes = np.array([p.size for p in step.weights], dtype=np.float64)
+        sizes = np.array([p.size for p in step.weights], dtype=np.float64)
+        self.weight_shares = sizes / sizes.sum()   # each parameter's share of the net's elements
         self.pending: list[tuple[int, ms.Tensor, bool]] = []  # (step, packed status, measured)
         self.skipped = self.clipped = self.steps = 0
         self.nonfinite_run = 0          # consecutive steps whose loss was not finite
@@ -61,33 +62,39 @@ class NetState:
 
     def drain(self) -> tuple[int, dict[str, float]]:
         """(last step, metrics) of the steps since the last drain: losses averaged; scale from the
-        last, health and activation peaks from the last measured."""
+        last, health and activation peaks from the last measured.
+
+        The pending statuses are read as one table, a row per step, and counted column-wise: a
+        status is decoded into fields only for the newest measured step (its health and peaks)."""
         if not self.pending:
             return 0, {}
         last_step, _, last_measured = self.pending[-1]
-        statuses = [self.step.decode(t.asnumpy()) for _, t, _ in self.pending]
-        measured = [s for s, (_, _, was_measured) in zip(statuses, self.pending) if was_measured]
+        rows = np.stack([t.asnumpy() for _, t, _ in self.pending])
+        measured = [i for i, (_, _, was_measured) in enumerate(self.pending) if was_measured]
         self.pending.clear()
-        for s in statuses:
-            finite_loss = all(np.isfinite(v) for v in s.losses.values())
-            self.nonfinite_run = 0 if finite_loss else self.nonfinite_run + 1
-        last = statuses[-1]
-        self.steps += len(statuses)
-        self.skipped += sum(not s.applied for s in statuses)
-        self.clipped += sum(s.clipped for s in statuses)
+        lay = self.step.layout
+        losses = np.array(rows[:, lay.losses].T, dtype=np.float64, order="C")   # a row per loss
+        stat = rows[:, lay.stat]
+        finite_losses = np.flatnonzero(np.isfinite(losses).all(axis=0))
+        n = len(rows)
+        # consecutive non-finite losses, continued across drains
+        self.nonfinite_run = n - 1 - int(finite_losses[-1]) if finite_losses.size else self.nonfinite_run + n
+        self.steps += n
+        self.skipped += int(np.count_nonzero(stat[:, APPLIED] == 0))
+        self.clipped += int(np.count_nonzero(stat[:, CLIPPED]))
         p = self.prefix
-        out = {f"{p}/{k}": float(np.mean([s.losses[k] for s in statuses])) for k in last.losses}
+        out = {f"{p}/{name}": float(np.mean(row)) for name, row in zip(self.step.loss_names, losses)}
         out.update({
-            f"{p}/scale": last.scale, f"{p}/skipped": float(self.skipped),
-            f"{p}/finite": float(all(s.finite for s in statuses)), f"{p}/clip_rate": self.clipped / self.steps,
+            f"{p}/scale": float(stat[-1, SCALE]), f"{p}/skipped": float(self.skipped),
+            f"{p}/finite": float(np.count_nonzero(stat[:, FINITE]) == n), f"{p}/clip_rate": self.clipped / self.steps,
         })
         if self.step.computes_norm(last_measured):
-            out[f"{p}/grad_norm"] = last.grad_norm
+            out[f"{p}/grad_norm"] = float(stat[-1, GRAD_NORM])
         if not measured:
             return last_step, out
-        self.last_measured = measured[-1]
+        self.last_measured = self.step.decode(rows[measured[-1]])
         if (h := self.last_health) is not None:
-            w = self.sizes / self.sizes.sum()
+            w = self.weight_shares
             out[f"{p}/underflow"] = float(h[:, HEALTH_FIELDS.index("underflow")] @ w)
             out[f"{p}/zero"] = float(h[:, HEALTH_FIELDS.index("zero")] @ w)
             out[f"{p}/max_abs_scaled_grad"] = float(h[:, HEALTH_FIELDS.index("max_abs")].max())

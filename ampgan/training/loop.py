@@ -39,20 +39,27 @@ def run_steps(task, tracker, cfg, run_dir: Path, steps: range, progress: Progres
     Steps run ahead of the host: statuses are fetched at the logging / printing / checkpoint
     cadence (and on a stop request), and every fetched status is logged. Whatever ends the
     loop (an error, a signal), the statuses still pending are fetched and logged. Only the
-    steps whose health is logged (log and layer-health steps, the first step) compute it
-    (gradient health, activation peaks); a status fetched for the status line, a checkpoint or
-    a stop request may lack it. Every fetch is checked for the run's one warning (`warn_once`).
+    steps whose health is logged compute it (gradient health, activation peaks): log steps,
+    layer-health steps, the run's last step and a new run's second step, which stands for the
+    start of training (per-layer health is logged at both). The first step runs the plain
+    variant: the measuring one compiles at the second step, after the first step's status line,
+    not before it. A status fetched for the status line, a checkpoint or a stop request may lack
+    health. Every fetch is checked for the run's one warning (`warn_once`).
     """
     step = steps.start - 1
+    opened = not progress.past_first  # this loop starts the run (a continued loop, the bench's blocks, does not)
     try:
         for step in steps:
             started = time.perf_counter()
-            first = step == steps.start and not progress.past_first  # a loop continued (the bench's blocks) has had it
-            log_now = step % cfg.log_every == 0 or first
+            first = opened and step == steps.start
+            early = opened and steps.start == 1 and step == 2   # a new run's first measured step: training's start
+            last = step == cfg.max_steps
+            log_now = step % cfg.log_every == 0 or first or early
             print_now = progress.due(step) or first
-            layers_now = bool(cfg.layer_health_every) and (step % cfg.layer_health_every == 0 or step == 1)
+            layers_now = bool(cfg.layer_health_every) and (step % cfg.layer_health_every == 0 or early or last)
             save_now = bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0 and step < cfg.max_steps
-            task.train_step(step, measure=log_now or layers_now)  # launched; status fetched only when needed
+            measure = step % cfg.log_every == 0 or layers_now or early or last
+            task.train_step(step, measure=measure)  # launched; status fetched only when needed
             if log_now or print_now or layers_now or save_now or STOP.requested:
                 metrics = log_pending(task, tracker, cfg, progress)
                 if first:  # the first step compiles the graphs
