@@ -10,7 +10,9 @@ initial loss ln(vocab) (a non-finite loss counts as that cap), as the paper caps
 fails when its final loss is no better than the letter frequencies' entropy; an arm's
 divergence threshold is the first learning rate above its best one where a seed fails. The
 largest attention logit over training is the max of `act/blocks.<i>.attn.logits/max_abs`
-(the activation headroom, logged every 10 steps). Diagnose runs on each arm's first failing run.
+(the activation headroom, logged every 20 steps). Diagnose (4 synced steps) runs on each
+float16 arm's first failing run, and on its first non-finite one when that comes later; an
+FP32 run is its own FP32 twin, so FP32 arms are not diagnosed.
 
     python -m experiments.lr_sensitivity [--full | --quick]
 """
@@ -30,6 +32,7 @@ REFERENCE_LR = "3e-3"
 TRAINED = 3.0        # nats: the reference (FP32, lr 3e-3) must reach this test loss on every seed
 PAIRS = (("fp32", "o2"), ("fp32_qknorm", "o2_qknorm"))   # the same net in FP32 and in float16
 LOGIT_KEY = "attn.logits/max_abs"                         # act/blocks.<i>.attn.logits/max_abs
+DIAGNOSE = ["diagnose.steps=4", "diagnose.mode=synced"]   # the default form's diagnose: 4 replayed steps
 
 STUDY = Study(
     setup=__doc__.split("\n\n")[1],
@@ -95,6 +98,16 @@ def threshold(lrs: dict[float, list[dict]]) -> float | None:
     return next((lr for lr in lrs if lr > best and any(r["fails"] for r in lrs[lr])), None)
 
 
+def first_nonfinite(lrs: dict[float, list[dict]]) -> float | None:
+    """The first learning rate where a seed's loss is not finite (or the loop stopped it as diverged)."""
+    return next((lr for lr, runs in lrs.items() if any(nonfinite(r) for r in runs)), None)
+
+
+def nonfinite(row: dict) -> bool:
+    loss = row.get("loss")
+    return row.get("outcome") == "diverged" or not (isinstance(loss, (int, float)) and math.isfinite(loss))
+
+
 def sensitivity(lrs: dict[float, list[dict]]) -> float:
     """Wortsman et al.'s LR sensitivity: the mean over learning rates of (final loss - the arm's best),
     the final loss already capped at the initial loss (mean over seeds at each rate)."""
@@ -125,20 +138,26 @@ def after(ctx: Context) -> None:
     if untrained(ctx.study, ctx.rows):
         ctx.notes.append("diagnose not run: the reference has not trained")
         return
+    extra = quick_diagnose(ctx) or DIAGNOSE
     for arm, lrs in arms.items():
-        lr = threshold(lrs)
-        if lr is None:
-            ctx.notes.append(f"diagnose {arm}: no failing learning rate above its best")
+        if arm.startswith("fp32"):   # an FP32 run is its own FP32 twin: nothing for diagnose to compare
             continue
-        target = min((r for r in lrs[lr] if r["fails"]), key=lambda r: int(r.get("trainer.seed", 0) or 0))
-        d = diagnose_run(ctx, target["run_id"], quick_diagnose(ctx))
-        ctx.diagnoses[arm] = {**d, "lr": lr, "run": target["run"]}
-        ctx.notes.append(f"diagnose {arm} at lr {_lr(lr)} (run {target['run']}): verdict {d['verdict']}"
-                         + (f" at {d['layer']}" if d["layer"] != "-" else "")
-                         + (f", fix: {d['fix']}" if d["fix"] != "-" else "") + f" (diagnose run {d['diagnose run']})")
-        for row in ctx.table:
-            if str(row[ARM]) == arm and same_value(row[LR], lr):
-                row["diagnose"] = d["verdict"]
+        first = threshold(lrs)
+        if first is None:
+            ctx.notes.append(f"diagnose {arm}: no failing learning rate above its best")
+        for lr, which in dict.fromkeys([(first, "fails"), (first_nonfinite(lrs), "nonfinite")]):
+            if lr is None or (which == "nonfinite" and lr == first):
+                continue
+            pick = (lambda r: r["fails"]) if which == "fails" else nonfinite
+            target = min((r for r in lrs[lr] if pick(r)), key=lambda r: int(r.get("trainer.seed", 0) or 0))
+            d = diagnose_run(ctx, target["run_id"], extra)
+            ctx.diagnoses[(arm, lr)] = {**d, "arm": arm, "lr": lr, "run": target["run"]}
+            ctx.notes.append(f"diagnose {arm} at lr {_lr(lr)} (run {target['run']}): verdict {d['verdict']}"
+                             + (f" at {d['layer']}" if d["layer"] != "-" else "")
+                             + (f", fix: {d['fix']}" if d["fix"] != "-" else "") + f" (diagnose run {d['diagnose run']})")
+            for row in ctx.table:
+                if str(row[ARM]) == arm and same_value(row[LR], lr):
+                    row["diagnose"] = d["verdict"]
 
 
 def summary_lines(arms: dict[str, dict[float, list[dict]]]) -> list[str]:
@@ -182,11 +201,14 @@ def answer(ctx: Context) -> str:
             moves.append(f"{o2} fails from {shown[o2]}, {fp32} from {shown[fp32]} ({'same' if same else 'moved'})")
     sens = ", ".join(f"{arm} {sensitivity(lrs):.2f}" for arm, lrs in arms.items())
     verdicts = []
-    for arm, d in ctx.diagnoses.items():
+    for d in ctx.diagnoses.values():
+        arm = d["arm"]
         twin = next((f for f, o in PAIRS if o == arm), None)
-        fp32_fails = twin in arms and any(r["fails"] for r in arms[twin].get(d["lr"], []))
-        where = (f"; {twin} fails there too" if fp32_fails else f"; {twin} does not fail there") if twin else ""
-        verdicts.append(f"{arm} at lr {_lr(d['lr'])}: {d['verdict']}{where}")
+        there = arms.get(twin, {}).get(d["lr"], [])
+        how = ("fails there too" + (", finite" if not any(nonfinite(r) for r in there) else "")
+               if any(r["fails"] for r in there) else "does not fail there")
+        verdicts.append(f"{arm} at lr {_lr(d['lr'])}: {d['verdict']}" + (f" ({twin} {how})" if there else ""))
+    nan = {arm: first_nonfinite(lrs) for arm, lrs in arms.items()}
     others = [f"{a} fails from {shown[a]}" for a in arms if a not in paired]
     top = max(arms[next(iter(arms))])
     peaks = []
@@ -194,10 +216,11 @@ def answer(ctx: Context) -> str:
         vals = [r["max attn logit"] for r in lrs.get(top, []) if math.isfinite(r["max attn logit"])]
         inf = any(r["attn logit inf"] for r in lrs.get(top, []))
         peaks.append(f"{arm} " + (f"{max(vals):.3g}" if vals else "-") + (" (and non-finite)" if inf else ""))
-    return (f"Divergence thresholds: {'; '.join(moves + others) or '-'}. "
+    return (f"Divergence thresholds: {'; '.join(moves + others) or '-'}. Non-finite from: "
+            + ", ".join(f"{a} {_lr(v) if v else 'never'}" for a, v in nan.items()) + ". "
             f"Largest attention logit at lr {_lr(top)}: {', '.join(peaks)}. "
             f"LR sensitivity (mean excess final loss, nats): {sens}. "
-            f"Diagnose at each arm's first failing rate: {'; '.join(verdicts) or 'no arm fails'}.")
+            f"Diagnose at each float16 arm's first failing and first non-finite rate: {'; '.join(verdicts) or 'no arm fails'}.")
 
 
 STUDY.after, STUDY.charts = after, charts

@@ -202,7 +202,8 @@ def test_lr_sensitivity_draws_no_conclusion_from_an_untrained_reference_and_name
     rows = _lm_rows({("fp32", 3e-3): [2.7, 2.8], ("fp32", 1e-1): [4.0, 3.9], ("o2", 3e-3): [2.7, 2.8],
                      ("o2", 1e-1): [math.nan, 4.0], ("o2_qknorm", 3e-3): [2.6, 2.7], ("o2_qknorm", 1e-1): [2.9, 3.0]})
     ctx = Context(lrs.STUDY, None, "", None, [None] * len(rows), rows, seed_table(lrs.STUDY, rows), ROOT, "default")
-    ctx.diagnoses["o2"] = {"verdict": "not_amp", "lr": 0.1}
+    ctx.diagnoses[("o2", 0.1)] = {"verdict": "not_amp", "arm": "o2", "lr": 0.1}
     text = conclude(ctx, lrs.answer)
     assert "o2 fails from 0.1, fp32 from 0.1 (same)" in text and "o2_qknorm fails from none up to 0.1" in text
-    assert "o2 at lr 0.1: not_amp; fp32 fails there too" in text
+    assert "o2 at lr 0.1: not_amp (fp32 fails there too, finite)" in text
+    assert "Non-finite from: fp32 never, o2 0.1, o2_qknorm never" in text
