@@ -63,11 +63,14 @@ def text_losses() -> tuple[float, float]:
 
 
 def logit_peak(history: dict[str, list[float]]) -> tuple[float, bool]:
-    """(the largest finite attention logit over training, whether a logged peak was not finite),
-    from each block's `act/blocks.<i>.attn.logits/max_abs` history; (nan, False) when none was logged."""
+    """(the largest attention logit over training, whether a logged peak was not finite), from each
+    block's `act/blocks.<i>.attn.logits/max_abs` history: inf once a peak was not finite (in float16,
+    q.k beyond 65504); (nan, False) when none was logged."""
     values = [v for hist in history.values() for v in hist]
     finite = [v for v in values if math.isfinite(v)]
-    return (max(finite) if finite else math.nan), len(finite) < len(values)
+    if len(finite) < len(values):
+        return math.inf, True
+    return (max(finite) if finite else math.nan), False
 
 
 def score(row: dict, cap: float, unigram: float) -> None:
@@ -169,8 +172,8 @@ def summary_lines(arms: dict[str, dict[float, list[dict]]]) -> list[str]:
         cells = "".join(f"{mean_loss(by_lr[lr]):8.3f}" if lr in by_lr else f"{'-':>8}" for lr in lrs)
         t = threshold(by_lr)
         peaks = [r["max attn logit"] for runs in by_lr.values() for r in runs if math.isfinite(r["max attn logit"])]
-        inf = any(r["attn logit inf"] for runs in by_lr.values() for r in runs)
-        top = (f"{max(peaks):.3g}" if peaks else "-") + (" (and inf)" if inf else "")
+        inf = [lr for lr, runs in by_lr.items() if any(r["attn logit inf"] for r in runs)]
+        top = (f"{max(peaks):.3g}" if peaks else "-") + (f", inf at {_lr(inf[0])}" if inf else "")
         lines.append(f"{arm:<16}{cells}  {sensitivity(by_lr):8.3f}  {(_lr(t) if t else 'none'):>10}  {top:>13}")
     return lines
 
@@ -179,12 +182,16 @@ def summary_lines(arms: dict[str, dict[float, list[dict]]]) -> list[str]:
 def charts(ctx: Context) -> dict:
     from ampgan.amp.float16 import FP16_MAX
 
-    loss = chart_lines(ctx.rows, LR, ARM, "final loss", "final test loss against the learning rate (capped at ln vocab)")
+    loss = chart_lines(ctx.rows, LR, ARM, "final loss", "final test loss (capped) against the learning rate")
     finite = [r for r in ctx.rows if isinstance(r.get("max attn logit"), float) and math.isfinite(r["max attn logit"])]
     logit = chart_lines(finite, LR, ARM, "max attn logit", "largest attention logit over training")
     ax = logit.axes[0]
     ax.set_yscale("log")
     ax.axhline(FP16_MAX, color="red", linestyle="--", linewidth=1, label="float16 max 65504")
+    overflowed = sorted({float(r[LR]) for r in ctx.rows if r.get("attn logit inf")})
+    if overflowed:
+        ax.plot(overflowed, [2 * FP16_MAX] * len(overflowed), "x", color="red", markersize=9,
+                label="a logged peak not finite")
     ax.legend(fontsize=8)
     return {"loss_vs_lr": loss, "attn_logit_vs_lr": logit}
 
@@ -213,9 +220,8 @@ def answer(ctx: Context) -> str:
     top = max(arms[next(iter(arms))])
     peaks = []
     for arm, lrs in arms.items():
-        vals = [r["max attn logit"] for r in lrs.get(top, []) if math.isfinite(r["max attn logit"])]
-        inf = any(r["attn logit inf"] for r in lrs.get(top, []))
-        peaks.append(f"{arm} " + (f"{max(vals):.3g}" if vals else "-") + (" (and non-finite)" if inf else ""))
+        vals = [r["max attn logit"] for r in lrs.get(top, []) if not math.isnan(r["max attn logit"])]
+        peaks.append(f"{arm} " + (f"{max(vals):.3g}" if vals else "-"))
     return (f"Divergence thresholds: {'; '.join(moves + others) or '-'}. Non-finite from: "
             + ", ".join(f"{a} {_lr(v) if v else 'never'}" for a, v in nan.items()) + ". "
             f"Largest attention logit at lr {_lr(top)}: {', '.join(peaks)}. "

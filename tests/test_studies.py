@@ -187,7 +187,8 @@ def test_lr_sensitivity_caps_the_loss_finds_each_arms_threshold_above_its_best_r
     # 1e-3 fails too (not trained yet), but below the best rate: the threshold is the first failure above it
     assert lrs.threshold(arms["fp32"]) == 0.1 and lrs.threshold(arms["o2"]) == 0.1
     assert lrs.sensitivity(arms["o2"]) == pytest.approx(((3.275 - 2.55) + 0 + (4.5 - 2.55)) / 3)
-    assert lrs.logit_peak({"a": [1.0, 5.0, math.inf], "b": [7.0]}) == (7.0, True)
+    assert lrs.logit_peak({"a": [1.0, 5.0, math.nan], "b": [7.0]}) == (math.inf, True)
+    assert lrs.logit_peak({"a": [1.0, 5.0], "b": [7.0]}) == (7.0, False)
     assert lrs.logit_peak({"a": [2.0]}) == (2.0, False) and math.isnan(lrs.logit_peak({})[0])
 
 
