@@ -51,7 +51,7 @@ test-full: install browser services  ## every test, the slow quality runs and sw
 bench: install  ## benchmark ampgan against a bare MindSpore loop (outputs/bench/)
 	$(PY) -m experiments.bench $(ARGS)
 
-STUDIES := wgan_amp collapse underflow classifier_nan clip_threshold
+STUDIES := wgan_amp collapse underflow classifier_nan clip_threshold lr_sensitivity
 study: install  ## run a case study: make study NAME=wgan_amp (ARGS=--full: full length; experiments/README.md)
 	@case " $(STUDIES) " in *" $(NAME) "*) ;; \
 	  *) echo "make: NAME must be one of: $(STUDIES) (got '$(NAME)')" >&2; exit 2;; esac

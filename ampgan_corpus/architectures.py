@@ -11,7 +11,7 @@ Transformers (`PlantedViT`, `PlantedLM`): their blocks are `PlantedBlock`s, whos
   prescale     q is multiplied by 1/sqrt(head_dim) before q.k (not the logits after it): the
                matmul's result is sqrt(head_dim) times smaller (scaled logits);
   qk_norm      q and k are layer-normalised per head before q.k (qk-norm, Dehghani et al. 2023):
-               |logit| <= sqrt(head_dim) whatever the weights.
+               |logit| <= sqrt(head_dim) whatever the weights (the zoo's own `Attention(qk_norm=True)`).
 Cell paths are the zoo's: `blocks.0.attn`, `blocks.0.attn.qkv`, `blocks.0.norm1`, `norm`, `head`
 (plus `blocks.0.attn.q_norm` / `k_norm` with qk_norm). `PlantedViT` has two knobs of a user's own
 pipeline as well: raw pixel counts in (`pixel_max`) and a hand-written LayerNorm on the patch
@@ -39,11 +39,8 @@ class PlantedAttention(Attention):
 
     def __init__(self, dim: int, heads: int, causal_len: int = 0, qk_gain: float = 1.0, prescale: bool = False,
                  qk_norm: bool = False):
-        super().__init__(dim, heads, causal_len)
-        self.prescale, self.qk_norm = bool(prescale), bool(qk_norm)
-        if qk_norm:
-            self.q_norm = nn.LayerNorm((self.head_dim,))
-            self.k_norm = nn.LayerNorm((self.head_dim,))
+        super().__init__(dim, heads, causal_len, qk_norm)   # qk_norm: the zoo's own (q_norm, k_norm)
+        self.prescale = bool(prescale)
         if qk_gain != 1.0:   # rows 0 .. 2*dim of the fused projection are q and k
             w = self.qkv.weight.asnumpy().copy()
             w[: 2 * dim] *= qk_gain
@@ -56,9 +53,9 @@ class PlantedAttention(Attention):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.prescale:
-            logits = ops.matmul(q * self.scale, k.swapaxes(-1, -2))
+            logits = self.logits(ops.matmul(q * self.scale, k.swapaxes(-1, -2)))
         else:
-            logits = ops.matmul(q, k.swapaxes(-1, -2)) * self.scale
+            logits = self.logits(ops.matmul(q, k.swapaxes(-1, -2)) * self.scale)
         if self.causal:
             logits = logits + self.mask[:n, :n].astype(logits.dtype)
         out = ops.matmul(self.softmax(logits), v)

@@ -550,7 +550,7 @@ def seeds(ctx: Context) -> str:
 
 
 # ---------------------------------------------------------------- the README
-STUDIES = ("wgan_amp", "collapse", "underflow", "classifier_nan", "clip_threshold")
+STUDIES = ("wgan_amp", "collapse", "underflow", "classifier_nan", "clip_threshold", "lr_sensitivity")
 README = Path(__file__).with_name("README.md")
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "studies"
 START, END = "<!-- studies:start -->", "<!-- studies:end -->"

@@ -48,6 +48,38 @@ def test_the_lm_task_gets_vocab_and_length_and_maps_tokens_to_next_token_logits(
     assert not np.allclose(task.logits(other)[:, 5], logits[:, 5])
 
 
+def test_qk_norm_bounds_the_attention_logits_that_the_headroom_records_and_z_loss_adds_log_z_squared():
+    """The zoo's qk_norm: q and k layer-normalised (cells q_norm, k_norm), |logit| <= sqrt(head_dim) at
+    unit gains whatever the weights; the logits are the output of the leaf cell `attn.logits` (what
+    the activation headroom records). z-loss: CE + z_loss * mean(logsumexp(logits)^2)."""
+    import mindspore as ms
+
+    from ampgan.amp.activations import leaf_cells
+    from ampgan.models import CausalTransformer
+    from ampgan.tasks.lm import TokenCrossEntropy
+
+    seen = {}
+    for qk_norm in (False, True):
+        net = CausalTransformer(vocab_size=11, seq_len=8, dim=16, depth=1, heads=2, qk_norm=qk_norm)
+        for p in net.blocks[0].attn.qkv.get_parameters():
+            p.set_data(p * 50)   # a large init: q.k grows with it, unless normalised
+        paths = [path for path, _, _ in leaf_cells(net)]
+        assert "blocks.0.attn.logits" in paths and ("blocks.0.attn.q_norm" in paths) == qk_norm
+        attn = net.blocks[0].attn
+        attn.logits.register_forward_hook(lambda cell, i, out, q=qk_norm: seen.__setitem__(q, np.abs(out.asnumpy()).max()))
+        net(ms.Tensor(np.arange(16, dtype=np.int32).reshape(2, 8) % 11))
+    assert seen[True] <= np.sqrt(8) * (1 + 1e-5) < 100 < seen[False]
+
+    logits = np.random.default_rng(0).normal(size=(2, 3, 5)).astype(np.float32) * 4
+    labels = np.array([[0, 1, 2], [3, 4, 0]], dtype=np.int32)
+    plain = float(TokenCrossEntropy()(ms.Tensor(logits), ms.Tensor(labels)).asnumpy())
+    z = float(TokenCrossEntropy(z_loss=0.5)(ms.Tensor(logits), ms.Tensor(labels)).asnumpy())
+    lse = np.log(np.exp(logits.astype(np.float64)).sum(-1))
+    assert z - plain == pytest.approx(0.5 * np.mean(lse ** 2), rel=1e-5)
+    with pytest.raises(ValueError, match="z_loss must be >= 0"):
+        TokenCrossEntropy(z_loss=-1.0)
+
+
 def test_lm_trains_under_o2_logs_health_and_resumes(outputs):
     done = run_cli(*LM, *SHORT, "trainer.checkpoint_every=6", "amp.keep_fp32=[head]", outputs=outputs)
     assert done.returncode == 0, done.stderr[-2000:]

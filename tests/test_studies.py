@@ -12,7 +12,7 @@ import pytest
 from experiments.study import Bar, Context, Study, arm_of, beyond_noise, conclude, same_value, seed_table, welch_p
 from tests.conftest import ROOT, all_runs
 
-STUDIES = ("wgan_amp", "collapse", "underflow", "classifier_nan", "clip_threshold")
+STUDIES = ("wgan_amp", "collapse", "underflow", "classifier_nan", "clip_threshold", "lr_sensitivity")
 
 
 def _rows(values: dict[tuple[str, str], list[float]]) -> list[dict]:
@@ -141,3 +141,70 @@ def test_a_facet_without_a_stated_bar_draws_no_conclusion_and_trained_references
     assert "No conclusion on b" in conclude(ctx, _answer) and "no quality bar" in conclude(ctx, _answer)
     ctx = _ctx(BARRED, {("a", "fp32"): [8, 8], ("a", "o2"): [0, 0], ("b", "fp32"): [6, 7], ("b", "o2"): [8, 8]})
     assert conclude(ctx, _answer) == "compared on a,b."
+
+
+# ---------------------------------------------------------------- lr_sensitivity: its grid, its scores, its bar and answer
+def test_lr_sensitivity_sweeps_six_rates_over_two_orders_fp32_and_o2_with_and_without_qk_norm():
+    from omegaconf import OmegaConf
+
+    from ampgan.config.schema import validate
+    from tests.conftest import compose_cfg
+
+    params = OmegaConf.load(ROOT / "conf/experiment/study_lr_sensitivity.yaml").hydra.sweeper.params
+    lrs = [float(v) for v in str(params["model.lr"]).split(",")]
+    assert len(lrs) >= 6 and max(lrs) / min(lrs) >= 100 and len(str(params["trainer.seed"]).split(",")) >= 2
+    arms = {}
+    for arm in str(params["+arm/lm_arm"]).split(","):
+        s = validate(compose_cfg("model=lm", f"+arm/lm_arm={arm}"))
+        arms[arm] = (s.amp.level, s.scaler.name, bool(s.model.net.get("qk_norm", False)),
+                     float(s.model.loss.get("z_loss", 0.0)))
+    assert arms == {"fp32": ("O0", "none", False, 0.0), "fp32_qknorm": ("O0", "none", True, 0.0),
+                    "o2": ("O2", "dynamic", False, 0.0), "o2_qknorm": ("O2", "dynamic", True, 0.0),
+                    "o2_qknorm_zloss": ("O2", "dynamic", True, 1e-4)}
+
+
+def _lm_rows(losses: dict[tuple[str, float], list[float]]) -> list[dict]:
+    from experiments import lr_sensitivity as lrs
+
+    rows = [{"lm_arm": arm, "model.lr": str(lr), "trainer.seed": str(i), "loss": v, "status": "FINISHED",
+             "outcome": "completed", "run": f"{arm}-{lr}-{i}", "run_id": f"id-{arm}-{lr}-{i}",
+             "max attn logit": 10.0 * lr, "attn logit inf": False}
+            for (arm, lr), vs in losses.items() for i, v in enumerate(vs)]
+    for r in rows:
+        lrs.score(r, cap=4.5, unigram=3.2)
+    return rows
+
+
+def test_lr_sensitivity_caps_the_loss_finds_each_arms_threshold_above_its_best_rate_and_its_sensitivity():
+    from experiments import lr_sensitivity as lrs
+
+    nan = math.nan
+    rows = _lm_rows({("fp32", 1e-3): [3.3, 3.25], ("fp32", 1e-2): [2.5, 2.6], ("fp32", 1e-1): [3.5, 2.9],
+                     ("o2", 1e-3): [3.3, 3.25], ("o2", 1e-2): [2.5, 2.6], ("o2", 1e-1): [nan, 9.0]})
+    assert [r["final loss"] for r in rows[-2:]] == [4.5, 4.5]          # non-finite and above ln(vocab): the cap
+    assert rows[0]["fails"] and not rows[2]["fails"]                   # 3.3 nats >= the letters' entropy
+    arms = lrs.by_arm(rows)
+    # 1e-3 fails too (not trained yet), but below the best rate: the threshold is the first failure above it
+    assert lrs.threshold(arms["fp32"]) == 0.1 and lrs.threshold(arms["o2"]) == 0.1
+    assert lrs.sensitivity(arms["o2"]) == pytest.approx(((3.275 - 2.55) + 0 + (4.5 - 2.55)) / 3)
+    assert lrs.logit_peak({"a": [1.0, 5.0, math.nan], "b": [7.0]}) == (math.inf, True)
+    assert lrs.logit_peak({"a": [1.0, 5.0], "b": [7.0]}) == (7.0, False)
+    assert lrs.logit_peak({"a": [2.0]}) == (2.0, False) and math.isnan(lrs.logit_peak({})[0])
+
+
+def test_lr_sensitivity_draws_no_conclusion_from_an_untrained_reference_and_names_diagnoses_verdicts():
+    from experiments import lr_sensitivity as lrs
+
+    untrained = _lm_rows({("fp32", 3e-3): [3.1, 2.8], ("o2", 3e-3): [2.8, 2.8]})
+    ctx = Context(lrs.STUDY, None, "", None, [None] * 4, untrained, seed_table(lrs.STUDY, untrained), ROOT, "quick")
+    text = conclude(ctx, lrs.answer)
+    assert text.startswith("Reference not trained") and "final loss <= 3 on 1 of 2 seeds" in text
+
+    rows = _lm_rows({("fp32", 3e-3): [2.7, 2.8], ("fp32", 1e-1): [4.0, 3.9], ("o2", 3e-3): [2.7, 2.8],
+                     ("o2", 1e-1): [math.nan, 4.0], ("o2_qknorm", 3e-3): [2.6, 2.7], ("o2_qknorm", 1e-1): [2.9, 3.0]})
+    ctx = Context(lrs.STUDY, None, "", None, [None] * len(rows), rows, seed_table(lrs.STUDY, rows), ROOT, "default")
+    ctx.diagnoses[("o2", 0.1)] = {"verdict": "not_amp", "arm": "o2", "lr": 0.1}
+    text = conclude(ctx, lrs.answer)
+    assert "o2 fails from 0.1, fp32 from 0.1 (same)" in text and "o2_qknorm fails from none up to 0.1" in text
+    assert "o2 at lr 0.1: not_amp (fp32 fails there too, finite)" in text
+    assert "Non-finite from: fp32 never, o2 0.1, o2_qknorm never" in text

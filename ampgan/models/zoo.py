@@ -6,7 +6,8 @@ Their float16 hazards are the real ones: BatchNorm statistics and residual sums 
 q.k logits, the softmax, LayerNorm and GELU (transformer). Cell paths for `amp.keep_fp32`:
 `stem`, `stages.0.0.conv1`, `head` (ResNet); `patch`, `blocks.0.attn`, `blocks.0.attn.qkv`,
 `blocks.0.norm1`, `blocks.0.mlp`, `norm`, `head` (transformer); `embed`, `blocks.0.attn`, `norm`,
-`head` (language model).
+`head` (language model); with `qk_norm`, `blocks.0.attn.q_norm` and `k_norm` too. The attention
+logits are the output of `blocks.0.attn.logits` (an identity cell: the headroom records them).
 """
 
 from __future__ import annotations
@@ -66,9 +67,15 @@ class ResNet(nn.Cell):
 
 # ---------------------------------------------------------------- transformer
 class Attention(nn.Cell):
-    """Multi-head self-attention: softmax(q k^T / sqrt(d)) v, heads merged by a Dense."""
+    """Multi-head self-attention: softmax(q k^T / sqrt(d)) v, heads merged by a Dense.
 
-    def __init__(self, dim: int, heads: int, causal_len: int = 0):
+    `qk_norm`: q and k are layer-normalised per head before q.k (qk-layernorm, Dehghani et al.
+    2023; Wortsman et al. 2023): |logit| <= sqrt(head_dim) times the norms' gains, whatever the
+    weights. The scaled logits q.k / sqrt(d) pass through `logits`, an identity cell, before the
+    causal mask: a leaf cell whose output the activation headroom records, so a run logs its
+    largest attention logit as `act/blocks.<i>.attn.logits/max_abs` (an identity adds no op)."""
+
+    def __init__(self, dim: int, heads: int, causal_len: int = 0, qk_norm: bool = False):
         """`causal_len` > 0: a causal mask for sequences up to that length (token i sees 0..i)."""
         super().__init__()
         if dim % heads:
@@ -78,6 +85,11 @@ class Attention(nn.Cell):
         self.qkv = nn.Dense(dim, 3 * dim)
         self.proj = nn.Dense(dim, dim)
         self.softmax = nn.Softmax(axis=-1)
+        self.qk_norm = bool(qk_norm)
+        if self.qk_norm:
+            self.q_norm = nn.LayerNorm((self.head_dim,))
+            self.k_norm = nn.LayerNorm((self.head_dim,))
+        self.logits = nn.Identity()   # the attention logits as a cell output (activation headroom)
         self.causal = causal_len > 0
         # added to the logits: 0 where a token may look, -1e4 (finite in float16) where it may not
         self.mask = ms.Tensor(np.triu(np.full((causal_len, causal_len), -1e4, np.float32), 1)) if self.causal else None
@@ -86,7 +98,9 @@ class Attention(nn.Cell):
         b, n, d = x.shape
         qkv = self.qkv(x).reshape(b, n, 3, self.heads, self.head_dim).transpose(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]                         # (b, heads, n, head_dim)
-        logits = ops.matmul(q, k.swapaxes(-1, -2)) * self.scale  # (b, heads, n, n)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        logits = self.logits(ops.matmul(q, k.swapaxes(-1, -2)) * self.scale)  # (b, heads, n, n)
         if self.causal:
             logits = logits + self.mask[:n, :n].astype(logits.dtype)
         out = ops.matmul(self.softmax(logits), v)                # (b, heads, n, head_dim)
@@ -96,10 +110,10 @@ class Attention(nn.Cell):
 class Block(nn.Cell):
     """Pre-LayerNorm transformer block: x + attn(LN(x)), then x + MLP(LN(x)) with GELU."""
 
-    def __init__(self, dim: int, heads: int, mlp_ratio: int = 2, causal_len: int = 0):
+    def __init__(self, dim: int, heads: int, mlp_ratio: int = 2, causal_len: int = 0, qk_norm: bool = False):
         super().__init__()
         self.norm1 = nn.LayerNorm((dim,))
-        self.attn = Attention(dim, heads, causal_len)
+        self.attn = Attention(dim, heads, causal_len, qk_norm)
         self.norm2 = nn.LayerNorm((dim,))
         self.mlp = nn.SequentialCell([nn.Dense(dim, mlp_ratio * dim), nn.GELU(), nn.Dense(mlp_ratio * dim, dim)])
 
@@ -134,14 +148,16 @@ class VisionTransformer(nn.Cell):
 
 class CausalTransformer(nn.Cell):
     """A GPT-style language model: token embedding, learned positions, pre-LN causal blocks, a
-    final LayerNorm and a Dense head to next-token logits `(batch, seq_len, vocab_size)`."""
+    final LayerNorm and a Dense head to next-token logits `(batch, seq_len, vocab_size)`.
+    `qk_norm=True` layer-normalises q and k in every block (`Attention`; `+model.net.qk_norm=true`)."""
 
     def __init__(self, vocab_size: int, seq_len: int, dim: int = 64, depth: int = 2, heads: int = 4,
-                 mlp_ratio: int = 4):
+                 mlp_ratio: int = 4, qk_norm: bool = False):
         super().__init__()
         self.embed = nn.Embedding(vocab_size, dim, embedding_table=TruncatedNormal(0.02))
         self.pos = ms.Parameter(initializer(TruncatedNormal(0.02), (1, seq_len, dim), ms.float32), name="pos")
-        self.blocks = nn.SequentialCell([Block(dim, heads, mlp_ratio, causal_len=seq_len) for _ in range(depth)])
+        self.blocks = nn.SequentialCell([Block(dim, heads, mlp_ratio, causal_len=seq_len, qk_norm=qk_norm)
+                                         for _ in range(depth)])
         self.norm = nn.LayerNorm((dim,))
         self.head = nn.Dense(dim, vocab_size)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from mindspore import nn
+from mindspore import nn, ops
 from omegaconf import MISSING
 
 from ampgan import AmpganError, require
@@ -71,14 +71,25 @@ def text_windows(text: str, seq_len: int, test_fraction: float) -> Dataset:
 
 
 class TokenCrossEntropy(nn.Cell):
-    """Mean next-token cross-entropy: logits (batch, seq, vocab), int32 labels (batch, seq)."""
+    """Mean next-token cross-entropy: logits (batch, seq, vocab), int32 labels (batch, seq).
 
-    def __init__(self):
+    `z_loss` > 0 adds z_loss * mean(logsumexp(logits)^2) over the positions (z-loss, PaLM; Wortsman
+    et al. 2023 use 1e-4): it keeps the output logits' normaliser log Z near 0, against the
+    output-logit divergence of high learning rates (`+model.loss.z_loss=1e-4`). 0: off."""
+
+    def __init__(self, z_loss: float = 0.0):
         super().__init__()
+        if not z_loss >= 0:
+            raise ValueError(f"z_loss must be >= 0, got {z_loss}")
         self.ce = nn.CrossEntropyLoss()
+        self.z_loss = float(z_loss)
 
     def construct(self, logits, labels):
-        return self.ce(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        flat = logits.reshape(-1, logits.shape[-1])
+        loss = self.ce(flat, labels.reshape(-1))
+        if self.z_loss > 0:
+            loss = loss + self.z_loss * ops.square(ops.logsumexp(flat, -1)).mean()
+        return loss
 
 
 @dataclass
