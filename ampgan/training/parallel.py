@@ -385,8 +385,11 @@ class Watch:
         for r, record in sorted(exits.items()):
             if record["code"] != 0 and record["error"]:
                 return f"rank {r}: {record['error']}"
+        first = self._first_failure()
+        if first is not None:
+            return first
         if self.dead:
-            r = min(self.dead)
+            r = next(iter(self.dead))   # the first one seen gone
             return f"rank {r} {self.dead[r]}"
         missing = [r for r in range(self.workers) if r not in exits]
         bad = [r for r, record in exits.items() if record["code"] != 0]
@@ -395,6 +398,22 @@ class Watch:
                 return f"the ranks did not start (msrun: {self.job / 'msrun.log'})"
             return f"rank {(bad or missing or [0])[0]} ended without finishing"
         return None
+
+
+    def _first_failure(self) -> str | None:
+        """The first rank msrun saw exit with an error, and how (msrun.log), or None."""
+        import re
+
+        path = self.job / "msrun.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        found = re.search(r"Worker process (\d+) exit with exception\. Error code: (-?\d+)", text)
+        if not found:
+            return None
+        pid, code = int(found.group(1)), int(found.group(2))
+        r = next((r for r, p in self.pids.items() if p == pid), None)
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() \
+            else f"exited with code {code}"
+        return f"{'rank ' + str(r) if r is not None else 'a rank (pid ' + str(pid) + ')'} {how}"
 
 
 def _end_run(settings, run_folder: Path, reason: str) -> str:
