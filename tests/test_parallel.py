@@ -121,7 +121,8 @@ def test_two_ranks_equal_one_process_and_a_rank_local_overflow_is_skipped_by_eve
     runs = {"fp32": CLASSIFIER, "o2": CLASSIFIER + O2_DYNAMIC}
     jobs = [{"run_dir": tmp_path / f"two-{name}", "overrides": over} for name, over in runs.items()]
     jobs += [{"run_dir": tmp_path / "planted", "overrides": CLASSIFIER + O2_DYNAMIC, "plant": plant},
-             {"run_dir": tmp_path / "unsynced", "overrides": CLASSIFIER + O2_DYNAMIC, "plant": plant, "unsynced": True}]
+             {"run_dir": tmp_path / "unsynced", "overrides": CLASSIFIER + O2_DYNAMIC + ["trainer.reuse_compiled=false"],
+              "plant": plant, "unsynced": True}]   # its own compile: the monkeypatched agreement
     run_plan(tmp_path, outputs, jobs)
     for name, over in runs.items():
         one_process(over, tmp_path / f"one-{name}")
@@ -195,3 +196,73 @@ def test_a_rank_killed_with_sigkill_ends_the_job_and_the_run(outputs):
     _, runs = all_runs(outputs)
     assert [r.info.status for r in runs] == ["FAILED"]
     assert not leftover(str(pid_file.parent))
+
+
+@pytest.mark.slow
+def test_two_ranks_equal_one_process_with_every_scaler_and_the_wgan(tmp_path, outputs):
+    """Every loss scaler under O2 (and the WGAN-GP, whose critic sub-steps and noise are sharded
+    too) in one 2-rank cluster, each against one process on the whole batch."""
+    runs = {f"o2-{name}": CLASSIFIER + ["amp=o2", f"scaler={name}"]
+            for name in ("none", "static", "underflow_aware", "fixed_clip")}
+    runs["wgan"] = ["model=wgan_gp", "data=gaussians8", "data.n_train=4000", "trainer.batch_size=64",
+                    "trainer.max_steps=10", "trainer.log_every=1", "trainer.eval_every=0", "trainer.layer_health_every=0",
+                    "amp=o2", "scaler=dynamic"]
+    run_plan(tmp_path, outputs, [{"run_dir": tmp_path / f"two-{n}", "overrides": o} for n, o in runs.items()])
+    for name, over in runs.items():
+        one_process(over, tmp_path / f"one-{name}")
+        keys = ("critic/loss", "critic/scale", "critic/skipped") if name == "wgan" else None
+        a, b = state(tmp_path / f"one-{name}"), state(tmp_path / f"two-{name}")
+        for key in a:
+            np.testing.assert_allclose(b[key], a[key], err_msg=f"{name}: {key}", **TOL["o2"])
+        for key in keys or ("train/loss", "train/scale", "train/skipped"):
+            ja, jb = journal(tmp_path / f"one-{name}", key), journal(tmp_path / f"two-{name}", key)
+            np.testing.assert_allclose([jb[s] for s in sorted(jb)], [ja[s] for s in sorted(ja)], err_msg=key, **TOL["o2"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers_on_resume", [2, 1])
+def test_a_killed_two_rank_run_resumes_to_the_uninterrupted_result(outputs, tmp_path, workers_on_resume):
+    """SIGKILL rank 1 after a checkpoint; resume the run (on 2 workers, or on 1: the sampler and
+    RNGs hold one global state) into the same MLflow run; its final state equals an uninterrupted run's."""
+    over = [*CLASSIFIER, "amp=o2", "scaler=dynamic", "trainer.max_steps=40", "trainer.checkpoint_every=10",
+            "trainer.keep_checkpoints=10"]
+    reference = tmp_path / "uninterrupted"
+    one_process(over + [f"tracking.uri=sqlite:///{tmp_path / 'reference.db'}"], reference)   # a store of its own
+    env = {**os.environ, "AMPGAN_OUTPUTS": str(outputs), "GLOG_v": "3"}
+    proc = subprocess.Popen([sys.executable, "-m", "ampgan.train", *over, "hardware.workers=2",
+                             "trainer.print_every=1"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.time() + 180
+    while time.time() < deadline and not sorted(outputs.glob("runs/*/*/checkpoints/step-00000020")):
+        time.sleep(0.1)
+    pid = int(next(outputs.glob("runs/*/*/parallel/rank-1.pid")).read_text())
+    os.kill(pid, signal.SIGKILL)
+    proc.communicate(timeout=90)
+    assert proc.returncode != 0
+    _, runs = all_runs(outputs)
+    run_id = runs[0].info.run_id
+    done = run_cli(f"trainer.resume={run_id}", f"hardware.workers={workers_on_resume}", outputs=outputs)
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-2000:]
+    client, runs = all_runs(outputs)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    folder = Path(runs[0].data.tags["output_dir"])
+    a, b = state(reference), state(folder)
+    for key in a:
+        np.testing.assert_allclose(b[key], a[key], err_msg=key, **TOL["o2"])
+    from mlflow.tracking import MlflowClient
+
+    ref = MlflowClient(f"sqlite:///{tmp_path / 'reference.db'}")
+    ref_run = ref.search_runs([e.experiment_id for e in ref.search_experiments()])[0]
+    for key in ("eval/accuracy", "eval/loss", "train/skipped"):
+        assert runs[0].data.metrics[key] == pytest.approx(ref_run.data.metrics[key], rel=2e-2, abs=2e-3), key
+
+
+@pytest.mark.slow
+def test_a_sweep_runs_each_job_data_parallel(outputs):
+    done = run_cli("-m", *CLASSIFIER, "trainer.max_steps=6", "hardware.workers=2", "amp=o2", "scaler=static,dynamic",
+                   outputs=outputs)
+    assert done.returncode == 0, done.stderr[-3000:]
+    _, runs = all_runs(outputs)
+    jobs = [r for r in runs if "job_num" in r.data.tags]
+    assert len(jobs) == 2 and all(r.info.status == "FINISHED" for r in jobs)
+    assert all("sweep_id" in r.data.tags and r.data.params["hardware.workers"] == "2" for r in jobs)

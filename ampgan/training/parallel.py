@@ -366,12 +366,13 @@ class Watch:
         path = self.job / "logs" / "worker_0.log"
         if not path.exists():
             return
-        with open(path, errors="replace") as f:
+        with open(path, "rb") as f:
             f.seek(self._echo_at)
-            text = f.read()
-        cut = text.rfind("\n") + 1
-        self._echo_at += len(text[:cut].encode(errors="replace"))
-        lines = [line for line in text[:cut].splitlines() if not line.startswith(("[INFO]", "[WARNING]", "[DEBUG]"))]
+            data = f.read()
+        cut = data.rfind(b"\n") + 1
+        self._echo_at += cut
+        lines = [line for line in data[:cut].decode(errors="replace").splitlines()
+                 if not line.startswith(("[INFO]", "[WARNING]", "[DEBUG]"))]
         if lines:
             print("\n".join(lines), flush=True)
 
