@@ -200,9 +200,11 @@ def make_step(loss_fn: Callable, weights: Sequence, optimizer, scaler, health_fn
     no plain variant with health off (nothing to save; no peaks either) or for a scaler that
     reads health (`needs_health`): it must see health every step.
     """
+    replicas = replicas_for(tuple(weights))   # None in a single process
+    if replicas is not None:
+        loss_fn = replicas.part_of(loss_fn)   # this rank's share of the global batch's loss
     grad_fn = ms.value_and_grad(loss_fn, None, tuple(weights), has_aux=True)
     scaler.watch(weights)
-    replicas = replicas_for(tuple(weights))   # None in a single process
     peaks = None if health_fn is no_health else peaks
 
     def variant(health: Callable, norm: Callable) -> Callable:

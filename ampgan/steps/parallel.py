@@ -4,13 +4,21 @@ In a data-parallel run (`hardware.workers` > 1: MindSpore's `parallel_mode="data
 `ampgan.training.parallel` in each rank before anything is built) a step's update differs from a
 single process's in four places, all inside the graph:
 
+    loss     = this rank's shard's mean loss / N                 # (`part_of`) see below
     own      = all_finite(this rank's scaled gradients)        # the status's `finite`: this rank's shard
-    grads    = mean over ranks (nn.DistributedGradReducer)      # health and the norm read these
+    grads    = sum over ranks (nn.DistributedGradReducer)       # health and the norm read these
     finite   = no rank's `own` is False (an all-reduced count)  # the scaler adjusts, skips, applies on it
     losses   = mean over ranks; activation peaks = max over ranks
 
 so every rank's scaler sees the same finite flag and the same gradient health (computed from the
-all-reduced gradients), and scales, skips and updates the same way. A single process has no
+all-reduced gradients), and scales, skips and updates the same way.
+
+Why loss / N and a sum, not a mean of the ranks' gradients: the backward pass runs in float16,
+and a rank's mean over B/N samples gives each sample's gradient N times the weight one process's
+mean over B gives it. Averaging afterwards gives the same gradient, but inside the backward every
+value is N times larger, so float16 overflows at an N times smaller loss scale: a 2-rank O2 run
+skipped steps at scale 2^19 that one process did not (measured). Scaling the loss by 1/N (a power
+of two for N = 2, 4, 8: exact) makes every intermediate value what one process computes. A single process has no
 `Replicas` (`replicas_for` returns None) and its step is unchanged.
 
 MindSpore's `TrainOneStepWithLossScaleCell` all-reduces its overflow status on GPU/Ascend only,
@@ -39,7 +47,8 @@ class Replicas:
     net's gradient reducer): call them inside `ms.jit` code, unpacked outside it."""
 
     size: int
-    gradients: Callable   # scaled grads -> (mean over ranks, this rank's own finite flag)
+    part_of: Callable     # a step's loss_fn -> the same with its scaled loss divided by `size` (outside jit)
+    gradients: Callable   # scaled grads -> (sum over ranks, this rank's own finite flag)
     agree: Callable       # own finite flag -> True iff every rank's is
     losses: Callable      # this rank's losses -> their mean over ranks
     peaks: Callable       # this rank's activation peaks -> their max over ranks
@@ -58,9 +67,18 @@ def replicas_for(weights) -> Replicas | None:
     from mindspore.communication import get_group_size
 
     size = get_group_size()
-    reducer = nn.DistributedGradReducer(weights, mean=True, degree=size)
+    reducer = nn.DistributedGradReducer(weights, mean=False, degree=size)   # a sum: each loss is already / size
     all_sum = ops.AllReduce()       # ReduceOp.SUM: the only one MindSpore's CPU kernel has
     gather = ops.AllGather()        # concatenates along axis 0
+
+    def part_of(loss_fn):
+        share = 1.0 / size
+
+        def part(*inputs):
+            scaled, losses = loss_fn(*inputs)
+            return scaled * share, losses
+
+        return part
 
     def gradients(scaled_grads):
         return reducer(scaled_grads), amp.all_finite(scaled_grads)
@@ -74,4 +92,4 @@ def replicas_for(weights) -> Replicas | None:
     def peaks(values):
         return gather(values.reshape(1, -1)).max(0)
 
-    return Replicas(size, gradients, agree, losses, peaks)
+    return Replicas(size, part_of, gradients, agree, losses, peaks)

@@ -206,6 +206,8 @@ def launch(cfg, settings, run_dir: Path | None = None, resume: Path | None = Non
     plain = OmegaConf.to_container(cfg, resolve=True)
     if resume is not None:
         plain["trainer"]["resume"] = str(resume)
+    # rank 0 tracks in its own process: a tracking helper (its own session) would outlive a rank msrun kills
+    plain["tracking"]["background"] = "never"
     write_job(job, plain, run_dir, _hydra_node())
     env = {**os.environ, JOB_ENV: str(job), "GLOG_v": os.environ.get("GLOG_v", "3"),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",   # msrun runs `python`
