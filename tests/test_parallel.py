@@ -228,8 +228,9 @@ def test_two_ranks_equal_one_process_with_every_scaler_and_the_wgan(tmp_path, ou
 def test_a_killed_two_rank_run_resumes_to_the_uninterrupted_result(outputs, tmp_path, workers_on_resume):
     """SIGKILL rank 1 after a checkpoint; resume the run (on 2 workers, or on 1: the sampler and
     RNGs hold one global state) into the same MLflow run; its final state equals an uninterrupted run's."""
-    over = [*CLASSIFIER, "amp=o2", "scaler=dynamic", "trainer.max_steps=40", "trainer.checkpoint_every=10",
-            "trainer.keep_checkpoints=10"]
+    # FP32: the uninterrupted reference is one process, which two ranks match to ~1e-7 in FP32 (under O2, one
+    # entry in 1024 of a weight drifted 0.012 over 40 Adam steps: float16 rounding, not the resume)
+    over = [*CLASSIFIER, "trainer.max_steps=40", "trainer.checkpoint_every=10", "trainer.keep_checkpoints=10"]
     reference = tmp_path / "uninterrupted"
     one_process(over + [f"tracking.uri=sqlite:///{tmp_path / 'reference.db'}"], reference)   # a store of its own
     env = {**os.environ, "AMPGAN_OUTPUTS": str(outputs), "GLOG_v": "3"}
@@ -252,13 +253,13 @@ def test_a_killed_two_rank_run_resumes_to_the_uninterrupted_result(outputs, tmp_
     folder = Path(runs[0].data.tags["output_dir"])
     a, b = state(reference), state(folder)
     for key in a:
-        np.testing.assert_allclose(b[key], a[key], err_msg=key, **TOL["o2"])
+        np.testing.assert_allclose(b[key], a[key], err_msg=key, **TOL["fp32"])
     from mlflow.tracking import MlflowClient
 
     ref = MlflowClient(f"sqlite:///{tmp_path / 'reference.db'}")
     ref_run = ref.search_runs([e.experiment_id for e in ref.search_experiments()])[0]
     for key in ("eval/accuracy", "eval/loss", "train/skipped"):
-        assert runs[0].data.metrics[key] == pytest.approx(ref_run.data.metrics[key], rel=2e-2, abs=2e-3), key
+        assert runs[0].data.metrics[key] == pytest.approx(ref_run.data.metrics[key], rel=1e-4, abs=1e-5), key
 
 
 @pytest.mark.slow
