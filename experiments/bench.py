@@ -26,6 +26,7 @@ outputs/bench/bench.json, and an MLflow run in the experiment "ampgan-bench".
     python -m experiments.bench --only diagnose --no-startup   # diagnose's replay cost alone
     python -m experiments.bench --only memory --no-startup     # memory alone
     python -m experiments.bench --only "ampgan vs bare"        # the three bare-loop comparisons
+    python -m experiments.bench --only "data parallel" --no-startup   # 1 vs 2 workers (msrun), the all-reduce's share
     python -m experiments.bench --only "ampgan vs bare,gradient health,tracking to" --repeats 25 --no-startup  # the headline pairs, 100 rounds
     python -m experiments.bench --quick --only "activation headroom" --no-startup   # activation headroom's cost alone
 """
@@ -746,6 +747,11 @@ def main(argv: list[str] | None = None) -> int:
         stage(f"{comp.name}: {', '.join(comp.variants)}")
         comp.measure(repeats)
         rows += comp.rows()
+    if not only or "data parallel" in only:
+        stage("data parallel: 1 vs 2 workers, the all-reduce's share")
+        from experiments import bench_parallel
+
+        rows += bench_parallel.rows(scratch, args.quick, repeats)
     if not only or "diagnose" in only:
         stage("diagnose replay vs training")
         rows += diagnose_cost(store, args.device, args.quick, repeats)

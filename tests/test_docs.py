@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 MAX_README_LINES = 200
 DOC_PAGES = ("configuration", "nothing-lost", "loss-scalers", "sweeps", "dashboards", "diagnose",
-             "case-studies", "benchmarks", "mindspore-traps", "architecture", "tests", "metrics")
+             "case-studies", "benchmarks", "mindspore-traps", "architecture", "tests", "metrics", "data-parallel")
 
 FENCE = re.compile(r"^\s*(```|~~~)")
 INLINE_CODE = re.compile(r"(`+)(?:(?!\1).)+?\1")

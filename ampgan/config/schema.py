@@ -221,10 +221,14 @@ class HardwareConfig:
     jit: bool = True     # compile train steps with ms.jit (PYNATIVE otherwise); WGAN-GP needs it
     threads: int = 0     # CPU op threads; 0 leaves MindSpore's default
     unsafe_pynative_gp: bool = False  # study only: allow jit=false for WGAN-GP (its GP gradient is then wrong)
+    # processes training one run data-parallel through MindSpore's msrun (docs/data-parallel.md): each
+    # takes trainer.batch_size / workers of every global batch; gradients and the scaler's decisions are all-reduced
+    workers: int = 1
 
     def __post_init__(self) -> None:
         require(self.device in DEVICES, f"hardware.device must be one of {', '.join(DEVICES)}, got '{self.device}'")
         require(self.threads >= 0, f"hardware.threads must be >= 0, got {self.threads}")
+        require(1 <= self.workers <= 1024, f"hardware.workers must lie in 1 .. 1024, got {self.workers}")
 
 
 # ---------------------------------------------------------------- trainer
@@ -513,6 +517,21 @@ def _batch_fits_the_data(s: Settings) -> None:
     n = None if s.own_data else train_size(s.data)
     require(n is None or s.trainer.batch_size <= n,
             f"trainer.batch_size={s.trainer.batch_size} is larger than the {n} training samples of data={s.data.name}")
+
+
+@_combination("trainer.batch_size", "hardware.workers")
+def _batch_splits_over_workers(s: Settings) -> None:
+    w = s.hardware.workers
+    require(s.trainer.batch_size % w == 0 and s.trainer.batch_size // w >= 1,
+            f"trainer.batch_size={s.trainer.batch_size} does not split over hardware.workers={w}: "
+            f"each rank takes an equal share of the global batch (try trainer.batch_size="
+            f"{max(w, s.trainer.batch_size // w * w)})")
+
+
+@_combination("model.name", "hardware.workers", "hardware.jit")
+def _workers_need_jit(s: Settings) -> None:
+    require(s.hardware.workers == 1 or s.hardware.jit,
+            f"hardware.workers={s.hardware.workers} needs hardware.jit=true (the data-parallel step is compiled)")
 
 
 @_combination("model.name", "amp.fp32_loss")

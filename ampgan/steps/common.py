@@ -13,18 +13,23 @@ from mindspore import amp, ops
 
 from ampgan.amp.activations import ActivationPeaks, no_peaks, no_reset
 from ampgan.amp.health import HEALTH_FIELDS, global_norm, no_health, no_norm
+from ampgan.steps.parallel import Replicas, replicas_for
 
 STATUS_FIELDS = ("finite", "applied", "scale", "grad_norm", "clipped")
 FINITE, APPLIED, SCALE, GRAD_NORM, CLIPPED = range(len(STATUS_FIELDS))   # their places in the status fields
 
 
-def build_update(optimizer, scaler, health_fn: Callable, norm_fn: Callable = global_norm) -> Callable:
+def build_update(optimizer, scaler, health_fn: Callable, norm_fn: Callable = global_norm,
+                 replicas: Replicas | None = None) -> Callable:
     """Return `update(scaled_grads) -> (status, health, unscaled grads)` for a compiled step.
 
     The unscaled gradients are the ones before clipping, unscaled by the scale the step used.
 
     `health_fn`/`norm_fn` are chosen outside the graph: with gradient health off, or in a
     step's plain variant (and a scaler that does not clip), neither statistic is computed at all.
+    `replicas` (data parallel, `ampgan.steps.parallel`): the gradients are averaged over ranks
+    first, health and norm read the average, the scaler adjusts on the flag every rank agrees on,
+    and the status's `finite` is this rank's own flag.
     """
 
     def update(scaled_grads):
@@ -40,7 +45,25 @@ def build_update(optimizer, scaler, health_fn: Callable, norm_fn: Callable = glo
         status = ops.stack([finite.astype(ms.float32), apply.astype(ms.float32), scale_used, norm, clipped])
         return status, health, unscaled
 
-    return update
+    if replicas is None:
+        return update
+    gradients, agree = replicas.gradients, replicas.agree
+
+    def replica_update(scaled_grads):   # the same update on the gradients' mean over ranks, the agreed flag
+        scaled_grads, own_finite = gradients(scaled_grads)
+        health = health_fn(scaled_grads)
+        scale_used = scaler.scale_value * 1.0
+        unscaled = scaler.unscale(scaled_grads)
+        finite = agree(own_finite)
+        norm = norm_fn(unscaled)
+        grads, clipped = scaler.clip(unscaled, norm)
+        apply = scaler.adjust(finite, health)
+        if apply:
+            optimizer(grads)
+        status = ops.stack([own_finite.astype(ms.float32), apply.astype(ms.float32), scale_used, norm, clipped])
+        return status, health, unscaled
+
+    return replica_update
 
 
 @dataclass(frozen=True)
@@ -162,20 +185,41 @@ class Step:
 
 
 def build_body(grad_fn: Callable, optimizer, scaler, health_fn: Callable, norm_fn: Callable,
-               act: tuple[Callable, Callable] = (no_reset, no_peaks)) -> Callable:
+               act: tuple[Callable, Callable] = (no_reset, no_peaks), replicas: Replicas | None = None) -> Callable:
     """`body(*inputs) -> (packed status, unscaled gradients)`: one train step's whole update.
 
     `act` is the (reset, read) pair of the step's activation peaks (`ActivationPeaks.step_fns`):
     reset before the forward passes, read after the update, appended to the status.
-    A train step returns the packed status; diagnose's probe also returns the gradients."""
-    update = build_update(optimizer, scaler, health_fn, norm_fn)
+    A train step returns the packed status; diagnose's probe also returns the gradients.
+    `replicas` (data parallel): the losses are averaged and the peaks maximised over ranks."""
+    update = build_update(optimizer, scaler, health_fn, norm_fn, replicas)
     reset, read = act
+    if replicas is not None:
+        return _replica_body(grad_fn, update, reset, read, replicas)
 
     def body(*inputs):
         reset()
         (_, losses), scaled_grads = grad_fn(*inputs)
         status, health_rows, grads = update(scaled_grads)
         return ops.concat([losses.astype(ms.float32), status, health_rows.reshape(-1), read()]), grads
+
+    return body
+
+
+def _replica_body(grad_fn: Callable, update: Callable, reset: Callable, read: Callable, replicas: Replicas) -> Callable:
+    """`build_body` for one rank of a data-parallel run: the same status, losses and peaks over ranks."""
+    mean_losses, max_peaks = replicas.losses, replicas.peaks
+
+    def all_peaks():
+        return max_peaks(read())
+
+    peaks_of = read if read is no_peaks else all_peaks   # no peaks: nothing to gather
+
+    def body(*inputs):
+        reset()
+        (_, losses), scaled_grads = grad_fn(*inputs)
+        status, health_rows, grads = update(scaled_grads)
+        return ops.concat([mean_losses(losses.astype(ms.float32)), status, health_rows.reshape(-1), peaks_of()]), grads
 
     return body
 
@@ -191,13 +235,16 @@ def make_step(loss_fn: Callable, weights: Sequence, optimizer, scaler, health_fn
     no plain variant with health off (nothing to save; no peaks either) or for a scaler that
     reads health (`needs_health`): it must see health every step.
     """
+    replicas = replicas_for(tuple(weights))   # None in a single process
+    if replicas is not None:
+        loss_fn = replicas.part_of(loss_fn)   # this rank's share of the global batch's loss
     grad_fn = ms.value_and_grad(loss_fn, None, tuple(weights), has_aux=True)
     scaler.watch(weights)
     peaks = None if health_fn is no_health else peaks
 
     def variant(health: Callable, norm: Callable) -> Callable:
         act = peaks.step_fns(measure=health is not no_health) if peaks is not None else (no_reset, no_peaks)
-        body = build_body(grad_fn, optimizer, scaler, health, norm, act)
+        body = build_body(grad_fn, optimizer, scaler, health, norm, act, replicas)
 
         def step(*inputs):
             packed, _ = body(*inputs)

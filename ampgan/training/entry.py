@@ -29,7 +29,7 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
     With `trainer.resume` (or `trainer.requeue` and a requeued run of the same job), the run
     continues from its last full-state checkpoint, in its own folder and MLflow run.
     """
-    from ampgan.training import checkpoint, graph_pool, hardware
+    from ampgan.training import checkpoint, graph_pool, hardware, parallel
     from ampgan.tasks import build_task, load_data
     from ampgan.tracking.tracker import flatten
 
@@ -45,12 +45,14 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
         cfg = _resumed_config(cfg, checkpoint.run_folder_of(resume))
         settings = validate(cfg)
         run_dir = checkpoint.run_folder_of(resume)
+    if parallel.launches(settings.hardware.workers):   # hardware.workers > 1: this process runs the ranks
+        return parallel.launch(cfg, settings, run_dir, resume)
     hardware.setup(settings.hardware, settings.trainer.seed)
     data = load_data(settings)
-    task = build_task(settings, data)
+    task = parallel.shard(build_task(settings, data), settings.trainer.batch_size)   # a rank: its slice of each batch
     host = checkpoint.load(task, resume) if resume is not None else {}
     reused = settings.trainer.reuse_compiled and graph_pool.lend_graphs(task, settings)  # a sweep's next job: no compile
-    run_dir = Path(run_dir or _hydra_output_dir() or Path.cwd())
+    run_dir = parallel.own_folder(Path(run_dir or _hydra_output_dir() or Path.cwd()))   # rank r > 0: ranks/rank-r
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     startup["startup/build_s"], clock = time.perf_counter() - clock, time.perf_counter()
@@ -110,7 +112,11 @@ def build_run_tracker(s: Settings, run_dir: Path, resume: Path | None = None):
     from ampgan.tracking.sync import end_lost_runs, sync_folder
     from ampgan.tracking.tracker import build_tracker, store_failure
     from ampgan.tracking.helper import BackgroundTracker
+    from ampgan.tracking.tracker import NullTracker
+    from ampgan.training import parallel
 
+    if not parallel.tracks():   # rank r > 0 of a data-parallel run: rank 0 tracks the run
+        return NullTracker(), False
     t = s.tracking
     if tracks_in_background(s, resume):
         return BackgroundTracker(t.uri, t.experiment, t.flush_every, run_dir, t.heartbeat_seconds), True
@@ -173,7 +179,7 @@ def _job_cost(final: dict[str, float], start_step: int, wall_s: float) -> dict[s
 
 # settings a resumed run may change; every other one must be the run's own
 RESUME_MAY_CHANGE = ("trainer.resume", "trainer.requeue", "trainer.max_steps", "trainer.print_every",
-                     "trainer.print_seconds", "trainer.reuse_compiled", "hardware.threads")
+                     "trainer.print_seconds", "trainer.reuse_compiled", "hardware.threads", "hardware.workers")
 
 
 def _resume_point(s: Settings) -> Path | None:

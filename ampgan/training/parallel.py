@@ -1,0 +1,468 @@
+"""One run on several processes: `hardware.workers=N` trains one run data-parallel through msrun.
+
+    python -m ampgan.train hardware.workers=2 model=classifier amp=o2 scaler=dynamic
+
+The job's process (the one Hydra started, `launch`) does not train: it checks the settings
+(`trainer.batch_size` must split evenly), resolves a resume point, writes the job folder
+`<run folder>/parallel/` and starts MindSpore's launcher, `msrun --worker_num=N ...
+python -m ampgan.training.parallel <job folder>`, with this Python first on PATH. Each rank
+(`worker_main`) joins the cluster (`mindspore.communication.init()`, backend mccl on CPU), sets
+`parallel_mode="data_parallel"` and trains the run through the ordinary composition root
+(`ampgan.training.entry.train`) with three differences, all here:
+
+- every rank draws the same global batch (same seeds) and trains on its slice of it (`shard`):
+  rank r takes rows [r*B/N, (r+1)*B/N) of every input whose first axis is the batch B. The
+  sampler and the noise RNG therefore hold one global state, the same on every rank: a
+  checkpoint holds it once, and a run may resume on another number of workers;
+- the compiled steps average gradients and agree on the finite flag (`ampgan.steps.parallel`);
+- rank 0 tracks (the run's MLflow run, its folder, its checkpoints); rank r > 0 tracks nothing
+  and writes its own checkpoints under `<run folder>/ranks/rank-r/` (`own_folder`).
+
+Per-rank figures (which rank's shard overflowed at which step) go to `parallel/rank-r.jsonl`;
+the job's process logs them to the run as `rank<r>/<net>/overflow` (1 at each such step) and
+`rank<r>/<net>/overflow_steps` once the ranks are done. When a rank dies, msrun kills the
+others; this process then kills what is left (msrun's scheduler waits 30 s otherwise), ends the
+run FAILED if rank 0 could not (its journal reaches the store first: nothing lost) and exits
+with one line. Ctrl-C / SIGTERM go to rank 0, which stops after its step with a checkpoint and
+ends the run KILLED.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from ampgan import AmpganError
+
+log = logging.getLogger("ampgan")
+
+JOB_FOLDER = "parallel"       # in the job's run folder: job.yaml, msrun.log, logs/, rank-*.pid|exit|jsonl, result.json
+RANKS_FOLDER = "ranks"        # in the run folder: rank-r/ (followers' checkpoints, pictures, MindSpore's scratch)
+_rank: tuple[int, int] | None = None   # (rank, workers) once this process is a rank of a data-parallel run
+
+
+# ---------------------------------------------------------------- in a rank
+def rank() -> int | None:
+    """This process's rank in a data-parallel run; None in a single process (or the job's own)."""
+    return _rank[0] if _rank else None
+
+
+def tracks() -> bool:
+    """This process tracks its run: a single process, or rank 0."""
+    return not _rank or _rank[0] == 0
+
+
+def own_folder(run_dir: Path) -> Path:
+    """Where this process writes: the run folder (one process, rank 0), or `ranks/rank-r/` in it."""
+    return run_dir if tracks() else Path(run_dir) / RANKS_FOLDER / f"rank-{_rank[0]}"
+
+
+def launches(workers: int) -> bool:
+    """`hardware.workers` > 1 in the job's own process (not in a rank): `launch` runs the job."""
+    return workers > 1 and _rank is None
+
+
+def shard(task, batch_size: int):
+    """In a rank: `task` trains on its slice of each global batch, and records its own overflows."""
+    if _rank is None:
+        return task
+    r, workers = _rank
+    part = batch_size // workers
+    rows = slice(r * part, (r + 1) * part)
+    every_input = task.step_inputs
+
+    def step_inputs():
+        return [(name, tuple(x[rows] if _is_batch(x, batch_size) else x for x in inputs))
+                for name, inputs in every_input()]
+
+    task.step_inputs = step_inputs
+    record = Path(os.environ[JOB_ENV]) / f"rank-{r}.jsonl"
+    record.write_text(json.dumps({"nets": [state.prefix for state in task.states()]}) + "\n")
+    for state in task.states():
+        state.drain = _recording_drain(state, record)
+    return task
+
+
+JOB_ENV = "AMPGAN_PARALLEL_JOB"   # the job folder, in every rank's environment
+
+
+def _is_batch(x, batch_size: int) -> bool:
+    shape = getattr(x, "shape", ())
+    return len(shape) > 0 and shape[0] == batch_size
+
+
+def _recording_drain(state, record: Path):
+    """`state.drain`, first noting each pending step whose gradients were not finite on this rank
+    (a data-parallel status's `finite` is the rank's own flag, `ampgan.steps.parallel`)."""
+    drain = state.drain
+
+    def recording_drain():
+        own = [(step, state.step.decode(packed.asnumpy()).finite) for step, packed, _ in state.pending]
+        bad = [step for step, finite in own if not finite]
+        if bad:
+            with open(record, "a") as f:
+                f.writelines(json.dumps({"net": state.prefix, "step": step}) + "\n" for step in bad)
+        return drain()
+
+    return recording_drain
+
+
+def worker_main(job_dir: str) -> int:
+    """One rank (started by msrun): join the cluster, train the job's run, write what the job reads."""
+    job = Path(job_dir)
+    spec = OmegaConf.load(job / "job.yaml")
+    if not join(spec.config.hardware.device):
+        return 0
+    return run_rank(job, spec)
+
+
+def join(device: str) -> bool:
+    """Join msrun's cluster as a rank, in data-parallel mode; False: this process is msrun's
+    scheduler (msrun runs the script there too), which has nothing else to do."""
+    global _rank
+    import mindspore as ms
+    from mindspore.communication import get_group_size, get_rank, init
+
+    ms.set_device(device)
+    init()
+    if os.environ.get("MS_ROLE") == "MS_SCHED":
+        return False
+    _rank = (get_rank(), get_group_size())
+    ms.set_auto_parallel_context(parallel_mode="data_parallel", gradients_mean=True)
+    return True
+
+
+def run_rank(job: Path, spec) -> int:
+    """Train the job's run as this rank (`join` first): rank 0 tracks it and writes `result.json`;
+    every rank writes its pid and, at its end, its exit record (the job's process reads them)."""
+    r = _rank[0]
+    os.environ[JOB_ENV] = str(job)
+    (job / f"rank-{r}.pid").write_text(str(os.getpid()))
+    logging.basicConfig(level=logging.INFO, format=f"[%(asctime)s][rank {r}][%(levelname)s] - %(message)s")
+    if spec.hydra is not None:
+        _set_hydra(spec.hydra)
+    run_dir = Path(spec.run_dir)
+    own_folder(run_dir).mkdir(parents=True, exist_ok=True)
+    os.chdir(own_folder(run_dir))   # MindSpore's scratch files: each rank its own
+    from ampgan import report_error
+    from ampgan.training.entry import train
+    from ampgan.training.loop import exit_code
+
+    code, error = 0, ""
+    try:
+        objective = train(spec.config, run_dir)
+        if r == 0:
+            _write(job / "result.json", json.dumps({"objective": objective}))
+    except AmpganError as err:
+        error = str(err)
+        code = report_error(err)
+    except KeyboardInterrupt as err:
+        code = exit_code(err)
+    except Exception as err:  # noqa: BLE001 - the job's process reports it
+        error, code = f"{type(err).__name__}: {err}", 1
+        raise
+    finally:
+        _write(job / f"rank-{r}.exit", json.dumps({"code": code, "error": error}))
+    return code
+
+
+def write_job(job: Path, config: dict, run_dir: Path, hydra: dict | None = None) -> None:
+    """The job folder's `job.yaml`: the run's resolved config, its folder, the job's Hydra config."""
+    job.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(OmegaConf.create({"config": config, "run_dir": str(run_dir), "hydra": hydra}), job / "job.yaml")
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------- the job's own process
+def launch(cfg, settings, run_dir: Path | None = None, resume: Path | None = None) -> float:
+    """Run the job on `hardware.workers` ranks through msrun; the objective rank 0 returned.
+
+    `resume`: the checkpoint set the run continues from (`run_dir` is then the run's own folder):
+    the store is read here once, and every rank continues from that very set."""
+    from ampgan.training.entry import _hydra_output_dir
+
+    workers = settings.hardware.workers
+    run_dir = Path(run_dir or _hydra_output_dir() or Path.cwd()).resolve()
+    run_folder = run_dir
+    job = run_dir / JOB_FOLDER
+    job.mkdir(parents=True, exist_ok=True)
+    for old in job.glob("rank-*"):
+        old.unlink()
+    (job / "result.json").unlink(missing_ok=True)
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    if resume is not None:
+        plain["trainer"]["resume"] = str(resume)
+    # rank 0 tracks in its own process: a tracking helper (its own session) would outlive a rank msrun kills
+    plain["tracking"]["background"] = "never"
+    write_job(job, plain, run_dir, _hydra_node())
+    env = {**os.environ, JOB_ENV: str(job), "GLOG_v": os.environ.get("GLOG_v", "3"),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",   # msrun runs `python`
+           "PYTHONPATH": os.pathsep.join(p for p in (str(_source_root()), os.environ.get("PYTHONPATH")) if p)}
+    cmd = [sys.executable, "-m", "mindspore.parallel.cluster.run", f"--worker_num={workers}",
+           f"--local_worker_num={workers}", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+           "--join=True", f"--log_dir={job / 'logs'}", f"--tail_worker_log={workers}",   # none: rank 0's is echoed here
+           "python", "-m", "ampgan.training.parallel", str(job)]
+    log.info(f"data parallel: {workers} workers through msrun, global batch {settings.trainer.batch_size} "
+             f"({settings.trainer.batch_size // workers} per rank); logs {job / 'logs'}")
+    with open(job / "msrun.log", "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=run_dir,
+                                start_new_session=True)   # Ctrl-C reaches this process only: it tells rank 0
+        watch = Watch(proc, job, workers)
+        interrupted = watch.wait()
+    failure = watch.failure()
+    if failure is None and interrupted is None:
+        _log_rank_figures(settings, run_folder, job, workers)
+        return json.loads((job / "result.json").read_text())["objective"]
+    status = _end_run(settings, run_folder, failure or f"interrupted ({interrupted})")
+    _log_rank_figures(settings, run_folder, job, workers)
+    if interrupted is not None:
+        raise KeyboardInterrupt(interrupted)
+    raise AmpganError(f"data-parallel run on {workers} workers: {failure}"
+                      + (f"; the run ended {status}" if status else "")
+                      + f" (logs: {job / 'logs'}); continue it with trainer.resume=<run id or run folder>")
+
+
+def _hydra_node():
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    node = HydraConfig.get()
+    try:
+        return OmegaConf.to_container(node, resolve=True, enum_to_str=True)
+    except Exception:  # noqa: BLE001 - an interpolation that resolves only inside Hydra: keep it as written
+        return OmegaConf.to_container(node, resolve=False, enum_to_str=True)
+
+
+def _set_hydra(node) -> None:
+    """The job's Hydra config in a rank: its run folder, sweep, overrides, as in the job's process."""
+    from hydra.conf import HydraConf
+    from hydra.core.hydra_config import HydraConfig
+
+    schema = OmegaConf.structured(HydraConf)
+    OmegaConf.set_struct(schema, False)   # keys a plugin or a newer Hydra adds
+    HydraConfig.instance().set_config(OmegaConf.create({"hydra": OmegaConf.merge(schema, node)}))
+
+
+def _source_root() -> Path:
+    from ampgan.config.schema import PACKAGE_DIR
+
+    return PACKAGE_DIR.parent   # the ranks import this very ampgan
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def alive(pid: int) -> bool:
+    """The process runs (a zombie waiting for msrun to reap it counts as ended)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+class Watch:
+    """msrun and its ranks, from the job's process: echo rank 0's log, notice a rank that died,
+    forward Ctrl-C / SIGTERM to rank 0, and leave no process behind."""
+
+    GRACE_S = 3.0          # after every rank has ended, msrun's scheduler gets this long to end too
+    STOP_GRACE_S = 120.0   # after a stop request, rank 0 gets this long to checkpoint before all is killed
+
+    def __init__(self, proc: subprocess.Popen, job: Path, workers: int):
+        self.proc, self.job, self.workers = proc, job, workers
+        self.pids: dict[int, int] = {}
+        self.dead: dict[int, str] = {}    # rank -> how it ended, for ranks that did not exit cleanly
+        self.signal: str | None = None
+        self._echo_at = 0
+
+    def wait(self) -> str | None:
+        """Until msrun and every rank have ended; the signal that stopped the job, or None."""
+        previous = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                previous[sig] = signal.signal(sig, self._on_signal)
+            except ValueError:   # not the main thread
+                break
+        try:
+            ended_at = stop_at = None
+            while True:
+                self._read_pids()
+                self._echo()
+                if self.proc.poll() is not None:
+                    break
+                running = [r for r, pid in self.pids.items() if alive(pid)]
+                for r, pid in self.pids.items():
+                    if r not in running and not (self.job / f"rank-{r}.exit").exists():
+                        self.dead.setdefault(r, "was killed (no exit record: SIGKILL, out of memory or a crash)")
+                if self.pids and not running and len(self.pids) == self.workers or (self.dead and not running):
+                    ended_at = ended_at or time.monotonic()
+                    if time.monotonic() - ended_at > self.GRACE_S:
+                        break   # msrun's scheduler would wait for a lost rank's heartbeat (30 s)
+                if self.signal and stop_at is None:
+                    stop_at = time.monotonic()
+                    self._send(signal.SIGTERM, ranks=[0])
+                if stop_at is not None and time.monotonic() - stop_at > self.STOP_GRACE_S:
+                    break
+                time.sleep(0.2)
+        finally:
+            self._kill_all()
+            self._echo()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return self.signal
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.signal:   # the second one: stop at once
+            self._send(signal.SIGKILL)
+        self.signal = signal.Signals(signum).name
+        log.warning(f"{self.signal}: rank 0 stops after its step with a checkpoint (send it again to stop at once)")
+
+    def _read_pids(self) -> None:
+        for r in range(self.workers):
+            if r not in self.pids and (path := self.job / f"rank-{r}.pid").exists():
+                text = path.read_text().strip()
+                if text:
+                    self.pids[r] = int(text)
+
+    def _send(self, sig: int, ranks=None) -> None:
+        for r, pid in self.pids.items():
+            if (ranks is None or r in ranks) and alive(pid):
+                try:
+                    os.killpg(os.getpgid(pid), sig) if sig == signal.SIGKILL else os.kill(pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    def _kill_all(self) -> None:
+        self._send(signal.SIGKILL)
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)   # msrun and its scheduler
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.proc.wait()
+
+    def _echo(self) -> None:
+        """Rank 0's new log lines, on this process's stdout (MindSpore's own chatter left out)."""
+        path = self.job / "logs" / "worker_0.log"
+        if not path.exists():
+            return
+        with open(path, "rb") as f:
+            f.seek(self._echo_at)
+            data = f.read()
+        cut = data.rfind(b"\n") + 1
+        self._echo_at += cut
+        lines = [line for line in data[:cut].decode(errors="replace").splitlines()
+                 if not line.startswith(("[INFO]", "[WARNING]", "[DEBUG]"))]
+        if lines:
+            print("\n".join(lines), flush=True)
+
+    def failure(self) -> str | None:
+        """What went wrong, in a few words; None when every rank exited cleanly."""
+        exits = {}
+        for r in range(self.workers):
+            path = self.job / f"rank-{r}.exit"
+            if path.exists():
+                exits[r] = json.loads(path.read_text())
+        for r, record in sorted(exits.items()):
+            if record["code"] != 0 and record["error"]:
+                return f"rank {r}: {record['error']}"
+        first = self._first_failure()
+        if first is not None:
+            return first
+        if self.dead:
+            r = next(iter(self.dead))   # the first one seen gone
+            return f"rank {r} {self.dead[r]}"
+        missing = [r for r in range(self.workers) if r not in exits]
+        bad = [r for r, record in exits.items() if record["code"] != 0]
+        if missing or bad or not (self.job / "result.json").exists():
+            if not self.pids:
+                return f"the ranks did not start (msrun: {self.job / 'msrun.log'})"
+            return f"rank {(bad or missing or [0])[0]} ended without finishing"
+        return None
+
+
+    def _first_failure(self) -> str | None:
+        """The first rank msrun saw exit with an error, and how (msrun.log), or None."""
+        import re
+
+        path = self.job / "msrun.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        found = re.search(r"Worker process (\d+) exit with exception\. Error code: (-?\d+)", text)
+        if not found:
+            return None
+        pid, code = int(found.group(1)), int(found.group(2))
+        r = next((r for r, p in self.pids.items() if p == pid), None)
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() \
+            else f"exited with code {code}"
+        return f"{'rank ' + str(r) if r is not None else 'a rank (pid ' + str(pid) + ')'} {how}"
+
+
+def _end_run(settings, run_folder: Path, reason: str) -> str:
+    """End rank 0's run if it is still RUNNING (its journal first): the status it has now."""
+    from ampgan.tracking.tracker import RUN_RECORD, make_client
+
+    if settings.tracking.backend != "mlflow" or not (run_folder / RUN_RECORD).exists():
+        return ""
+    from ampgan.tracking.sync import sync_folder
+
+    result = sync_folder(run_folder)
+    client = make_client(json.loads((run_folder / RUN_RECORD).read_text())["uri"])
+    if result.ended:
+        client.set_tag(result.run_id, "error", f"data parallel: {reason}"[:5000])
+    return client.get_run(result.run_id).info.status
+
+
+def _log_rank_figures(settings, run_folder: Path, job: Path, workers: int) -> None:
+    """Each rank's own overflows (from its `rank-r.jsonl`) to rank 0's run: per step and counted."""
+    from ampgan.tracking.tracker import RUN_RECORD, make_client
+
+    if settings.tracking.backend != "mlflow" or not (run_folder / RUN_RECORD).exists():
+        return
+    from mlflow.entities import Metric
+
+    record = json.loads((run_folder / RUN_RECORD).read_text())
+    now = int(time.time() * 1000)
+    metrics = []
+    for r in range(workers):
+        lines = _records(job, r)
+        nets = [net for line in lines for net in line.get("nets", [])]
+        lines = [line for line in lines if "step" in line]
+        for line in lines:
+            metrics.append(Metric(f"rank{r}/{line['net']}/overflow", 1.0, now, int(line["step"])))
+        for net in nets:
+            metrics.append(Metric(f"rank{r}/{net}/overflow_steps", float(sum(x["net"] == net for x in lines)), now, 0))
+    if metrics:
+        make_client(record["uri"]).log_batch(record["run_id"], metrics=metrics)
+
+
+def _records(job: Path, r: int) -> list[dict]:
+    path = job / f"rank-{r}.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+if __name__ == "__main__":
+    from ampgan.training.parallel import worker_main as _main   # the module itself, not this __main__ copy
+
+    sys.exit(_main(sys.argv[1]))
