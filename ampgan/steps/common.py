@@ -19,6 +19,15 @@ STATUS_FIELDS = ("finite", "applied", "scale", "grad_norm", "clipped")
 FINITE, APPLIED, SCALE, GRAD_NORM, CLIPPED = range(len(STATUS_FIELDS))   # their places in the status fields
 
 
+def _own_gradients(scaled_grads):
+    """A single process: the gradients as they are, and their finite flag."""
+    return scaled_grads, amp.all_finite(scaled_grads)
+
+
+def _same(value):
+    return value
+
+
 def build_update(optimizer, scaler, health_fn: Callable, norm_fn: Callable = global_norm,
                  replicas: Replicas | None = None) -> Callable:
     """Return `update(scaled_grads) -> (status, health, unscaled grads)` for a compiled step.
@@ -27,30 +36,15 @@ def build_update(optimizer, scaler, health_fn: Callable, norm_fn: Callable = glo
 
     `health_fn`/`norm_fn` are chosen outside the graph: with gradient health off, or in a
     step's plain variant (and a scaler that does not clip), neither statistic is computed at all.
-    `replicas` (data parallel, `ampgan.steps.parallel`): the gradients are averaged over ranks
-    first, health and norm read the average, the scaler adjusts on the flag every rank agrees on,
-    and the status's `finite` is this rank's own flag.
+    `replicas` (data parallel, `ampgan.steps.parallel`): the gradients are summed over ranks
+    first, health and norm read the sum, the scaler adjusts on the flag every rank agrees on,
+    and the status's `finite` is this rank's own flag. A single process (None) has its own
+    gradients and its own flag, agreed with nobody.
     """
+    exchange, agree = (replicas.gradients, replicas.agree) if replicas is not None else (_own_gradients, _same)
 
     def update(scaled_grads):
-        health = health_fn(scaled_grads)
-        scale_used = scaler.scale_value * 1.0
-        unscaled = scaler.unscale(scaled_grads)
-        finite = amp.all_finite(unscaled)
-        norm = norm_fn(unscaled)
-        grads, clipped = scaler.clip(unscaled, norm)
-        apply = scaler.adjust(finite, health)
-        if apply:
-            optimizer(grads)
-        status = ops.stack([finite.astype(ms.float32), apply.astype(ms.float32), scale_used, norm, clipped])
-        return status, health, unscaled
-
-    if replicas is None:
-        return update
-    gradients, agree = replicas.gradients, replicas.agree
-
-    def replica_update(scaled_grads):   # the same update on the gradients' mean over ranks, the agreed flag
-        scaled_grads, own_finite = gradients(scaled_grads)
+        scaled_grads, own_finite = exchange(scaled_grads)
         health = health_fn(scaled_grads)
         scale_used = scaler.scale_value * 1.0
         unscaled = scaler.unscale(scaled_grads)
@@ -63,7 +57,7 @@ def build_update(optimizer, scaler, health_fn: Callable, norm_fn: Callable = glo
         status = ops.stack([own_finite.astype(ms.float32), apply.astype(ms.float32), scale_used, norm, clipped])
         return status, health, unscaled
 
-    return replica_update
+    return update
 
 
 @dataclass(frozen=True)
@@ -194,32 +188,20 @@ def build_body(grad_fn: Callable, optimizer, scaler, health_fn: Callable, norm_f
     `replicas` (data parallel): the losses are averaged and the peaks maximised over ranks."""
     update = build_update(optimizer, scaler, health_fn, norm_fn, replicas)
     reset, read = act
-    if replicas is not None:
-        return _replica_body(grad_fn, update, reset, read, replicas)
+    losses_of = replicas.losses if replicas is not None else _same
+    peaks_of = read
+
+    def all_peaks():   # a named def: MindSpore's jit parser cannot parse a lambda
+        return replicas.peaks(read())
+
+    if replicas is not None and read is not no_peaks:   # no peaks: nothing to gather
+        peaks_of = all_peaks
 
     def body(*inputs):
         reset()
         (_, losses), scaled_grads = grad_fn(*inputs)
         status, health_rows, grads = update(scaled_grads)
-        return ops.concat([losses.astype(ms.float32), status, health_rows.reshape(-1), read()]), grads
-
-    return body
-
-
-def _replica_body(grad_fn: Callable, update: Callable, reset: Callable, read: Callable, replicas: Replicas) -> Callable:
-    """`build_body` for one rank of a data-parallel run: the same status, losses and peaks over ranks."""
-    mean_losses, max_peaks = replicas.losses, replicas.peaks
-
-    def all_peaks():
-        return max_peaks(read())
-
-    peaks_of = read if read is no_peaks else all_peaks   # no peaks: nothing to gather
-
-    def body(*inputs):
-        reset()
-        (_, losses), scaled_grads = grad_fn(*inputs)
-        status, health_rows, grads = update(scaled_grads)
-        return ops.concat([mean_losses(losses.astype(ms.float32)), status, health_rows.reshape(-1), peaks_of()]), grads
+        return ops.concat([losses_of(losses.astype(ms.float32)), status, health_rows.reshape(-1), peaks_of()]), grads
 
     return body
 
