@@ -42,7 +42,8 @@ def test_smoke_run_is_tracked(outputs, tmp_path, case, amp):
     assert pictures and pictures[0].endswith(".png")
     layer_key = "grad/critic.score.0.weight/underflow" if case == "gan" else "grad/backbone.body.0.weight/zero"
     assert layer_key in run.data.metrics
-    assert [m.step for m in client.get_metric_history(run.info.run_id, layer_key)] == [1, 3, 6]
+    # per-layer health at training's start (step 2: step 1 runs the plain step), every 3 steps, and the last
+    assert [m.step for m in client.get_metric_history(run.info.run_id, layer_key)] == [2, 3, 6]
     final_key = "eval/swd" if case == "gan" else "eval/accuracy"
     assert run.data.metrics[final_key] == pytest.approx(objective)
     # the artifact store sits beside the database, not in the working directory

@@ -20,6 +20,7 @@ def search_cli(*args: str, outputs: Path, timeout: int = 900) -> subprocess.Comp
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow  # `make test-full` (CI's time): test_failed_trials_are_failed_not_nan runs a search here
 def test_search_six_trials_two_workers_one_study(outputs):
     import optuna
 

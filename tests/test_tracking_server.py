@@ -72,7 +72,8 @@ def test_server_stopped_mid_run_and_restarted_loses_no_metric(tmp_path):
         run = client.search_runs([client.get_experiment_by_name("ampgan").experiment_id])[0]
         assert run.info.status == "FINISHED"
         history = sorted(m.step for m in client.get_metric_history(run.info.run_id, "train/loss"))
-        assert history == [1] + list(range(every, steps + 1, every))  # every logged step once: none lost, none twice
+        # every logged step once, none lost, none twice: the first step's line, training's start (2), the log steps
+        assert history == [1, 2] + list(range(every, steps + 1, every))
         assert run.data.tags.get("ampgan.tracking_gap") == "true"
         assert (run_folder(outputs) / "metrics.jsonl").exists()
     finally:
