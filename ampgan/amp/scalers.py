@@ -28,6 +28,21 @@ from ampgan.amp.scaler_config import (DynamicScalerConfig, FixedClipScalerConfig
 
 
 # ---------------------------------------------------------------- scalers
+_times = ops.MultitypeFuncGraph("times")   # g * factor, in g's dtype: one graph for any number of gradients
+
+
+@_times.register("Tensor", "Tensor")
+def _times_tensor(factor, g):
+    return g * factor.astype(g.dtype)
+
+
+_map = ops.HyperMap()
+
+
+def times(factor, grads):
+    """Every gradient times `factor` (a scalar tensor), each in its own dtype."""
+    return _map(ops.partial(_times, factor), grads)
+
 def _setting(value, dtype, name: str) -> Parameter:
     """A setting the compiled step reads at run time (a sweep changes it without recompiling)."""
     return Parameter(Tensor(value, dtype), name=name, requires_grad=False)
@@ -55,8 +70,7 @@ class NoOpScaler:
         return loss * self.scale_value.astype(loss.dtype)
 
     def unscale(self, grads):
-        inv = 1.0 / self.scale_value
-        return tuple(g * inv.astype(g.dtype) for g in grads)
+        return times(1.0 / self.scale_value, grads)
 
     def clip(self, grads, grad_norm):
         return grads, ops.zeros((), ms.float32)

@@ -72,12 +72,18 @@ def check_environment(environ=os.environ) -> None:
                           "results on CPU (NaN losses from the first step of a warm run); unset it")
 
 
-def check(argv: list[str], config_name: str = "train", extra: Extra | None = None) -> None:
-    """Raise AmpganError for the first bad override or job in `argv` (Hydra's CLI words)."""
+def check(argv: list[str], config_name: str = "train", extra: Extra | None = None,
+          run: Callable[[DictConfig], object] | None = None, job_name: str | None = None) -> bool:
+    """Raise AmpganError for the first bad override or job in `argv` (Hydra's CLI words).
+
+    `run` (a `@hydra.main` function's own body, `job_name` its Hydra job name): a single run is
+    run here, on the very config the check composed, as Hydra's run would run it: the config is
+    composed once. Returns whether it ran; a sweep, `--cfg`, `--help`, `--config-dir` or
+    `--config-path` is left to Hydra's own entry (False)."""
     check_environment()
     args = _parse_args(argv)
     if args.help or args.hydra_help or args.info or args.shell_completion or args.cfg:
-        return
+        return False
     dirs, overrides = [CONF_DIR], list(args.overrides)
     if args.config_dir:  # `--config-dir DIR`: Hydra searches DIR too (a user's own options, e.g. model=mine)
         extra_dir = Path(args.config_dir).resolve()
@@ -85,17 +91,32 @@ def check(argv: list[str], config_name: str = "train", extra: Extra | None = Non
             raise AmpganError(f"--config-dir {args.config_dir}: no such folder")
         dirs.append(extra_dir)
         overrides.insert(0, f"hydra.searchpath=['file://{extra_dir}']")
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        _Preflight(args.config_name or config_name, overrides, args.multirun, extra, dirs).run()
+        run = None   # Hydra adds the folder to its search path itself, not as an override
+    if args.config_path or args.experimental_rerun:
+        run = None
+    name = args.config_name or config_name
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name=job_name or "app"):
+        preflight = _Preflight(name, overrides, args.multirun, extra, dirs)
+        preflight.run()
+        if run is None or preflight.job is None:
+            return False
+        from ampgan.config.hydra_compat import run_composed
+
+        run_composed(run, preflight.job, name)
+        return True
 
 
 def run_checked(main: Callable[[], object], config_name: str = "train", extra: Extra | None = None) -> None:
-    """Pre-check sys.argv, then hand over to the `@hydra.main` function `main`."""
+    """Pre-check sys.argv, then run the `@hydra.main` function `main`: a single run on the config
+    the check composed, anything else through `main`'s own Hydra entry."""
+    from ampgan.config.hydra_compat import task_name
+
     try:
-        check(sys.argv[1:], config_name, extra)
+        ran = check(sys.argv[1:], config_name, extra, run=main.__wrapped__, job_name=task_name(main))
     except AmpganError as err:
         sys.exit(report_error(err))
-    main()
+    if not ran:
+        main()
 
 
 def _parse_args(argv: list[str]):
@@ -146,6 +167,7 @@ class _Preflight:
         self.devices: set[str] = set()
         self.remote = False  # jobs run on other machines (submitit): their device is checked there (hardware.setup)
         self.built: dict = {}  # groups already validated, by content
+        self.job: DictConfig | None = None  # a single run's config as Hydra's run composes it (with `hydra`)
 
     # ------------------------------------------------------------ the whole check
     def run(self) -> None:
@@ -153,6 +175,7 @@ class _Preflight:
         if not self.multirun:
             if any(ov.is_sweep_override() for ov in self._parse(self.overrides)):
                 self._compose(self.overrides, RunMode.RUN)  # raises Hydra's "needs --multirun", explained
+            self.job = self._as_run(primary)
             with open_dict(primary):
                 del primary["hydra"]
             self._check_cfg(primary, [])
@@ -164,6 +187,18 @@ class _Preflight:
         settings = [self._validate_job(job) for job in self.jobs_to_check()]
         self._check_across_jobs(primary, settings)
         self._create_stores(settings)
+
+    @staticmethod
+    def _as_run(primary: DictConfig) -> DictConfig:
+        """A single run's config as Hydra's run composes it, from the primary (composed as for a
+        multirun, which for a command line without sweeps differs only in the mode): Hydra's entry
+        adds `hydra.mode=RUN` to the overrides when the config sets no mode."""
+        job = copy.deepcopy(primary)
+        if job.hydra.mode is None:
+            with open_dict(job):
+                job.hydra.mode = RunMode.RUN
+                job.hydra.overrides.hydra.append("hydra.mode=RUN")
+        return job
 
     def primary(self) -> DictConfig:
         """The config as Hydra's multirun composes it (sweeps left out): says whether a preset asks for one."""
