@@ -147,9 +147,11 @@ def test_two_ranks_equal_one_process_and_a_rank_local_overflow_is_skipped_by_eve
     assert a["train.scaler/scale_value"] != b["train.scaler/scale_value"] or not all(np.isfinite(v).all() for v in a.values())
 
 
-def test_the_command_line_trains_one_run_on_two_workers(outputs):
+def test_the_command_line_trains_one_run_on_two_workers_and_diagnose_replays_it_in_one_process(outputs):
     """`python -m ampgan.train hardware.workers=2`: msrun under the hood, one MLflow run FINISHED,
-    tracked by rank 0 only, the per-rank figures in it, no process left."""
+    tracked by rank 0 only, the per-rank figures in it, no process left. Then
+    `python -m ampgan.diagnose diagnose.run=<its id>` replays it in its own one process (no msrun)
+    on the same global batch, from rank 0's last checkpoint, with a verdict."""
     done = run_cli(*CLASSIFIER, *O2_DYNAMIC, "trainer.max_steps=12", "hardware.workers=2", outputs=outputs)
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
     client, runs = all_runs(outputs)
@@ -165,6 +167,19 @@ def test_the_command_line_trains_one_run_on_two_workers(outputs):
     assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == list(range(1, 13))  # once each
     assert "step 12/12" in done.stdout + done.stderr   # rank 0's status lines reach the console
     assert not leftover(str(folder / "parallel"))
+
+    env = {**os.environ, "AMPGAN_OUTPUTS": str(outputs), "GLOG_v": "3"}
+    diag = subprocess.run([sys.executable, "-m", "ampgan.diagnose", f"diagnose.run={run.info.run_id}", "diagnose.steps=2",
+                           "diagnose.horizon=20"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert diag.returncode == 0, diag.stdout[-3000:] + diag.stderr[-3000:]
+    assert diag.stdout.startswith("verdict: healthy"), diag.stdout
+    assert "data parallel on 2 workers, replayed in one process on its global batch of 64" in diag.stderr
+    assert "replayed: 2 iterations from checkpoint step 12 (" in diag.stdout   # rank 0's checkpoint
+    _, runs = all_runs(outputs)
+    diagnosis = [r for r in runs if r.data.tags.get("ampgan.kind") == "diagnose"]
+    assert len(diagnosis) == 1 and diagnosis[0].data.tags["ampgan.diagnosed_run"] == run.info.run_id
+    assert diagnosis[0].data.params["hardware.workers"] == "1" and diagnosis[0].data.params["trainer.batch_size"] == "64"
+    assert not list(outputs.glob("diagnose/**/parallel"))   # no msrun job folder: nothing was launched
 
 
 def test_a_batch_that_does_not_split_over_the_workers_is_refused_in_one_line(outputs):
