@@ -316,7 +316,8 @@ class Watch:
                 for r, pid in self.pids.items():
                     if r not in running and not (self.job / f"rank-{r}.exit").exists():
                         self.dead.setdefault(r, "was killed (no exit record: SIGKILL, out of memory or a crash)")
-                if self.pids and not running and len(self.pids) == self.workers or (self.dead and not running):
+                if (self.pids and not running and len(self.pids) == self.workers or (self.dead and not running)
+                        or self._ended_badly()):
                     ended_at = ended_at or time.monotonic()
                     if time.monotonic() - ended_at > self.GRACE_S:
                         break   # msrun's scheduler would wait for a lost rank's heartbeat (30 s)
@@ -332,6 +333,19 @@ class Watch:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         return self.signal
+
+    def _ended_badly(self) -> bool:
+        """A rank has written a non-zero exit record (stopped by a signal, or failed): its run is
+        ended and checkpointed, and nothing more can happen; the others, waiting in a collective
+        for it (and its own process, ~7 s in MindSpore's teardown), get GRACE_S before all is killed."""
+        for r in range(self.workers):
+            path = self.job / f"rank-{r}.exit"
+            try:
+                if path.exists() and json.loads(path.read_text())["code"] != 0:
+                    return True
+            except (OSError, ValueError, KeyError):   # being written
+                continue
+        return False
 
     def _on_signal(self, signum, frame) -> None:
         if self.signal:   # the second one: stop at once
