@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -70,7 +71,8 @@ def test_slurm_sweep_logs_to_postgres_backed_server(services, tmp_path):
 def test_slurm_runs_a_two_worker_job_data_parallel(services, tmp_path):
     """`hydra/launcher=slurm hardware.workers=2`: one SLURM job, one task with 2 CPUs (cpus_per_task
     follows hardware.workers), msrun inside it starting the 2 ranks; the run FINISHED on the server,
-    tracked once by rank 0, with per-rank figures; no process left."""
+    tracked once by rank 0, with per-rank figures; no process left. Then a long one cancelled
+    (scancel): its run KILLED with a checkpoint, no process left."""
     from mlflow.tracking import MlflowClient
 
     from tests.test_parallel import CLASSIFIER, O2_DYNAMIC, leftover
@@ -97,6 +99,33 @@ def test_slurm_runs_a_two_worker_job_data_parallel(services, tmp_path):
     assert (folder / "parallel" / "msrun.log").exists() and (folder / "parallel" / "logs" / "worker_1.log").exists()
     assert (folder / "ranks" / "rank-1" / "checkpoints").is_dir()
     assert not (folder / "ranks" / "rank-1" / "tracking.json").exists()   # rank 1 tracked nothing
+    assert not leftover(str(folder / "parallel"))
+
+    # scancel of a running 2-worker job: SLURM signals every process of the job (ranks included); the
+    # run ends KILLED with a checkpoint, the submitting process reports the job, no process is left
+    env = {**os.environ, **cluster.env(), "AMPGAN_OUTPUTS": str(tmp_path / "long"), "GLOG_v": "3"}
+    proc = subprocess.Popen([sys.executable, "-m", "ampgan.train", "-m", "hydra/launcher=slurm", *CLASSIFIER,
+                             "trainer.max_steps=100000", "hardware.workers=2", f"tracking.uri={server.uri}",
+                             "tracking.experiment=long"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, log = time.time() + 300, None
+        while time.time() < deadline and not (log and "step 10/" in log.read_text(errors="replace")):
+            time.sleep(0.5)
+            log = next((tmp_path / "long").glob("multirun/*/*/0/parallel/logs/worker_0.log"), None)
+        assert log is not None and "step 10/" in log.read_text(errors="replace"), "the job never trained"
+        subprocess.run(["scancel", "--partition", cluster.partition], env=env, check=True, timeout=60)
+        out, err = proc.communicate(timeout=180)   # submitit polls the queue ever more slowly as a job runs
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode != 0 and "interrupted (SIGTERM)" in out + err, (out + err)[-3000:]
+    runs = [r for r in client.search_runs([client.get_experiment_by_name("long").experiment_id])
+            if "job_num" in r.data.tags]
+    assert [r.info.status for r in runs] == ["KILLED"]
+    folder = Path(runs[0].data.tags["output_dir"])
+    assert list((folder / "checkpoints").glob("step-*"))   # written at the stop
     assert not leftover(str(folder / "parallel"))
 
 

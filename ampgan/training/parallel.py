@@ -155,7 +155,9 @@ def run_rank(job: Path, spec) -> int:
     os.chdir(own_folder(run_dir))   # MindSpore's scratch files: each rank its own
     from ampgan import report_error
     from ampgan.training.entry import train
-    from ampgan.training.loop import exit_code
+    from ampgan.training.loop import STOP, exit_code
+
+    STOP.in_rank(r)
 
     code, error = 0, ""
     try:
@@ -311,7 +313,10 @@ class Watch:
                 self._read_pids()
                 self._echo()
                 if self.proc.poll() is not None:
-                    break
+                    if self.proc.returncode == -signal.SIGTERM and self.signal is None:
+                        self._on_signal(signal.SIGTERM, None)   # msrun was stopped (a SLURM cancel signals every process)
+                    if not (self.signal and self._stopping()):
+                        break
                 running = [r for r, pid in self.pids.items() if alive(pid)]
                 for r, pid in self.pids.items():
                     if r not in running and not (self.job / f"rank-{r}.exit").exists():
@@ -333,6 +338,11 @@ class Watch:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         return self.signal
+
+    def _stopping(self) -> bool:
+        """Rank 0 is still finishing its step and checkpoint after a stop request."""
+        pid = self.pids.get(0)
+        return pid is not None and alive(pid) and not (self.job / "rank-0.exit").exists()
 
     def _ended_badly(self) -> bool:
         """A rank has written a non-zero exit record (stopped by a signal, or failed): its run is
