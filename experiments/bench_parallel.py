@@ -26,7 +26,7 @@ import numpy as np
 
 MODEL = ["model=classifier", "data=gaussians8", "data.n_train=20000", "amp=o2", "scaler=dynamic",
          "trainer.batch_size=256", "trainer.eval_every=0", "trainer.layer_health_every=0", "trainer.print_seconds=0",
-         "trainer.print_every=100000", "model.net.width=256"]
+         "trainer.print_every=100000", "+model.net.width=256"]
 
 
 def _env() -> dict[str, str]:

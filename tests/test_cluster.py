@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,79 @@ def test_slurm_sweep_logs_to_postgres_backed_server(services, tmp_path):
                  cluster=cluster, outputs=tmp_path / "gpu")
     assert gpu.returncode != 0
     assert "hardware=gpu: not available on this machine" in gpu.stdout + gpu.stderr
+
+
+@pytest.mark.slow
+def test_slurm_runs_a_two_worker_job_data_parallel(services, tmp_path):
+    """`hydra/launcher=slurm hardware.workers=2`: one SLURM job, one task with 2 CPUs (cpus_per_task
+    follows hardware.workers), msrun inside it starting the 2 ranks; the run FINISHED on the server,
+    tracked once by rank 0, with per-rank figures; no process left. Then a long one cancelled
+    (scancel): its run KILLED with a checkpoint, no process left."""
+    from mlflow.tracking import MlflowClient
+
+    from tests.test_parallel import CLASSIFIER, O2_DYNAMIC, leftover
+
+    server, cluster = services
+    outputs = tmp_path / "out"
+    done = submit(*CLASSIFIER, *O2_DYNAMIC, "trainer.max_steps=8", "trainer.checkpoint_every=4", "hardware.workers=2",
+                  f"tracking.uri={server.uri}", cluster=cluster, outputs=outputs)
+    assert done.returncode == 0, done.stderr[-3000:]
+    scripts = list(outputs.glob("multirun/*/*/.submitit/*/*_submission.sh"))
+    assert len(scripts) == 1
+    script = scripts[0].read_text()
+    assert "#SBATCH --cpus-per-task=2" in script and "#SBATCH --ntasks-per-node=1" in script, script
+    client = MlflowClient(server.uri)
+    exp = client.get_experiment_by_name("ampgan")
+    runs = [r for r in client.search_runs([exp.experiment_id]) if "job_num" in r.data.tags]
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    run = runs[0]
+    assert run.data.params["hardware.workers"] == "2" and run.data.metrics["train/steps"] == 8
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == list(range(1, 9))  # once each
+    for r in (0, 1):
+        assert f"rank{r}/train/overflow_steps" in run.data.metrics
+    folder = Path(run.data.tags["output_dir"])
+    assert (folder / "parallel" / "msrun.log").exists() and (folder / "parallel" / "logs" / "worker_1.log").exists()
+    assert (folder / "ranks" / "rank-1" / "checkpoints").is_dir()
+    assert not (folder / "ranks" / "rank-1" / "tracking.json").exists()   # rank 1 tracked nothing
+    assert not leftover(str(folder / "parallel"))
+
+    # scancel of a running 2-worker job: SLURM signals every process of the job (ranks included); the
+    # run ends KILLED with a checkpoint, the submitting process reports the job, no process is left
+    env = {**os.environ, **cluster.env(), "AMPGAN_OUTPUTS": str(tmp_path / "long"), "GLOG_v": "3"}
+    proc = subprocess.Popen([sys.executable, "-m", "ampgan.train", "-m", "hydra/launcher=slurm", *CLASSIFIER,
+                             "trainer.max_steps=100000", "hardware.workers=2", f"tracking.uri={server.uri}",
+                             "tracking.experiment=long"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, log = time.time() + 300, None
+        while time.time() < deadline and not (log and "step 10/" in log.read_text(errors="replace")):
+            time.sleep(0.5)
+            log = next((tmp_path / "long").glob("multirun/*/*/0/parallel/logs/worker_0.log"), None)
+        assert log is not None and "step 10/" in log.read_text(errors="replace"), "the job never trained"
+        subprocess.run(["scancel", "--partition", cluster.partition], env=env, check=True, timeout=60)
+        out, err = proc.communicate(timeout=180)   # submitit polls the queue ever more slowly as a job runs
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode != 0 and "interrupted (SIGTERM)" in out + err, (out + err)[-3000:]
+    runs = [r for r in client.search_runs([client.get_experiment_by_name("long").experiment_id])
+            if "job_num" in r.data.tags]
+    assert [r.info.status for r in runs] == ["KILLED"]
+    folder = Path(runs[0].data.tags["output_dir"])
+    assert list((folder / "checkpoints").glob("step-*"))   # written at the stop
+    assert not leftover(str(folder / "parallel"))
+
+
+def test_a_two_worker_slurm_job_needs_one_task_with_two_cpus(tmp_path):
+    env = {**os.environ, "AMPGAN_OUTPUTS": str(tmp_path), "GLOG_v": "3"}
+    for bad, said in (("hydra.launcher.cpus_per_task=1", "add hydra.launcher.cpus_per_task=2"),
+                      ("hydra.launcher.tasks_per_node=2", "leave tasks_per_node at 1")):
+        done = subprocess.run([sys.executable, "-m", "ampgan.train", "-m", "hydra/launcher=slurm", "trainer=smoke",
+                               "hardware.workers=2", "tracking.uri=http://127.0.0.1:9", bad], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert done.stderr.startswith("ampgan: error: ") and said in done.stderr, done.stderr
 
 
 def test_slurm_sweep_refuses_a_sqlite_store(tmp_path):

@@ -147,9 +147,11 @@ def test_two_ranks_equal_one_process_and_a_rank_local_overflow_is_skipped_by_eve
     assert a["train.scaler/scale_value"] != b["train.scaler/scale_value"] or not all(np.isfinite(v).all() for v in a.values())
 
 
-def test_the_command_line_trains_one_run_on_two_workers(outputs):
+def test_the_command_line_trains_one_run_on_two_workers_and_diagnose_replays_it_in_one_process(outputs):
     """`python -m ampgan.train hardware.workers=2`: msrun under the hood, one MLflow run FINISHED,
-    tracked by rank 0 only, the per-rank figures in it, no process left."""
+    tracked by rank 0 only, the per-rank figures in it, no process left. Then
+    `python -m ampgan.diagnose diagnose.run=<its id>` replays it in its own one process (no msrun)
+    on the same global batch, from rank 0's last checkpoint, with a verdict."""
     done = run_cli(*CLASSIFIER, *O2_DYNAMIC, "trainer.max_steps=12", "hardware.workers=2", outputs=outputs)
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
     client, runs = all_runs(outputs)
@@ -165,6 +167,19 @@ def test_the_command_line_trains_one_run_on_two_workers(outputs):
     assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == list(range(1, 13))  # once each
     assert "step 12/12" in done.stdout + done.stderr   # rank 0's status lines reach the console
     assert not leftover(str(folder / "parallel"))
+
+    env = {**os.environ, "AMPGAN_OUTPUTS": str(outputs), "GLOG_v": "3"}
+    diag = subprocess.run([sys.executable, "-m", "ampgan.diagnose", f"diagnose.run={run.info.run_id}", "diagnose.steps=2",
+                           "diagnose.horizon=20"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert diag.returncode == 0, diag.stdout[-3000:] + diag.stderr[-3000:]
+    assert diag.stdout.startswith("verdict: healthy"), diag.stdout
+    assert "data parallel on 2 workers, replayed in one process on its global batch of 64" in diag.stderr
+    assert "replayed: 2 iterations from checkpoint step 12 (" in diag.stdout   # rank 0's checkpoint
+    _, runs = all_runs(outputs)
+    diagnosis = [r for r in runs if r.data.tags.get("ampgan.kind") == "diagnose"]
+    assert len(diagnosis) == 1 and diagnosis[0].data.tags["ampgan.diagnosed_run"] == run.info.run_id
+    assert diagnosis[0].data.params["hardware.workers"] == "1" and diagnosis[0].data.params["trainer.batch_size"] == "64"
+    assert not list(outputs.glob("diagnose/**/parallel"))   # no msrun job folder: nothing was launched
 
 
 def test_a_batch_that_does_not_split_over_the_workers_is_refused_in_one_line(outputs):
@@ -199,6 +214,35 @@ def test_a_rank_killed_with_sigkill_ends_the_job_and_the_run(outputs):
     _, runs = all_runs(outputs)
     assert [r.info.status for r in runs] == ["FAILED"]
     assert not leftover(str(pid_file.parent.parent))   # the ranks, msrun's scheduler, any helper of the run
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_rank_with_a_checkpoint_and_the_run_killed(outputs):
+    """SIGINT to the command of a 2-worker run: rank 0 stops after its step with a checkpoint, the
+    run ends KILLED (not RUNNING, not FAILED), the command exits 130 or 143, no process is left."""
+    env = {**os.environ, "AMPGAN_OUTPUTS": str(outputs), "GLOG_v": "3"}
+    proc = subprocess.Popen([sys.executable, "-m", "ampgan.train", *CLASSIFIER, "trainer.max_steps=100000",
+                             "trainer.checkpoint_every=1000", "hardware.workers=2"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline, trained = time.time() + 180, False
+    while time.time() < deadline and not trained:   # rank 0 has journalled step 3: training, compiled
+        time.sleep(0.5)
+        trained = any(max(journal(run, "train/loss"), default=0) >= 3 for run in outputs.glob("runs/*/*"))
+    assert trained, "the run never reached step 3"
+    started = time.time()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=150)
+    assert time.time() - started < 30, err[-2000:]   # measured 10 s (rank 0 done in 0.2 s; the others killed 3 s later)
+    assert proc.returncode in (130, 143), err[-2000:]
+    client, runs = all_runs(outputs)
+    assert [r.info.status for r in runs] == ["KILLED"], err[-2000:]
+    folder = Path(runs[0].data.tags["output_dir"])
+    from ampgan.training import checkpoint
+
+    last = checkpoint.latest(folder / "checkpoints")   # written at the stop (checkpoint_every is 1000)
+    logged = [m.step for m in client.get_metric_history(runs[0].info.run_id, "train/loss")]
+    assert last is not None and checkpoint.step_of(last) == max(logged) >= 3
+    assert not leftover(str(folder / "parallel"))
 
 
 @pytest.mark.slow

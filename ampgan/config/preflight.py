@@ -155,6 +155,23 @@ class _Dim:
         return f"{self.key}={self.values[i]}"
 
 
+def _check_slurm_workers(launcher: DictConfig, settings: list[Settings]) -> None:
+    """A SLURM job of a data-parallel run (`hardware.workers=N`) is one task whose msrun starts the
+    N ranks inside its allocation: it needs one task and N CPUs (`cpus_per_task` follows
+    `hardware.workers` in conf/hydra/launcher/slurm.yaml; a job array asks the same of every job)."""
+    workers = max(s.hardware.workers for s in settings)
+    if workers == 1:
+        return
+    tasks, cpus = launcher.get("tasks_per_node", 1), launcher.get("cpus_per_task")
+    if tasks != 1:
+        raise AmpganError(f"hydra.launcher.tasks_per_node={tasks}: a job of hardware.workers={workers} is one SLURM "
+                          "task whose msrun starts the ranks; leave tasks_per_node at 1 "
+                          "(hydra.launcher.cpus_per_task gives the ranks their CPUs)")
+    if cpus is None or cpus < workers:
+        raise AmpganError(f"hardware.workers={workers} needs {workers} CPUs in each SLURM job, but "
+                          f"hydra.launcher.cpus_per_task={cpus}: add hydra.launcher.cpus_per_task={workers}")
+
+
 class _Preflight:
     def __init__(self, config_name: str, overrides: list[str], multirun: bool, extra: Extra | None,
                  dirs: list[Path] | None = None):
@@ -444,6 +461,8 @@ class _Preflight:
             raise AmpganError("hydra/launcher=slurm: cluster jobs log to a tracking server, not to a sqlite file "
                               "(unsafe with many writers on a shared file system): add tracking.uri=http://HOST:PORT "
                               "(`make server` starts one)")
+        if "SlurmLauncher" in launcher:
+            _check_slurm_workers(primary.hydra.launcher, settings)
         resumed = {s.trainer.resume for s in settings if s.trainer.resume}
         if resumed and self.jobs > len({s.trainer.resume for s in settings}):
             raise AmpganError(f"trainer.resume={sorted(resumed)[0]}: several jobs of this {self.jobs}-job sweep "

@@ -89,6 +89,17 @@ def recorded_config(cfg: DictConfig, run_id: str) -> DictConfig:
     return recorded
 
 
+def one_process(recorded: DictConfig) -> int:
+    """Replay a data-parallel run (`hardware.workers=N`) in this one process, on the same global
+    batch: `trainer.batch_size` is already the global batch, and rank 0's checkpoint holds the one
+    global sampler and RNG state every rank shared. Sets `hardware.workers=1` (nothing here starts
+    msrun: the replays build their steps in this process, outside any cluster); the run's own number."""
+    workers = int(OmegaConf.select(recorded, "hardware.workers", default=1))
+    if "hardware" in recorded:
+        recorded.hardware.workers = 1
+    return workers
+
+
 def checkpoint_start(run_id: str, cfg: DictConfig, failed_at: int | None) -> Path | None:
     """Where a diagnosed run's replay starts: its newest full-state checkpoint set from before its
     first failing step (the newest set when it logged no failure); None (step 0 with the run's
@@ -136,9 +147,10 @@ def diagnose(cfg: DictConfig, run_dir: Path | None = None, echo=print) -> Result
     started = time.perf_counter()
     dcfg = diagnose_settings(cfg)
     diagnosed = dcfg.run or None
-    start, failed_at, failure = None, None, ""
+    start, failed_at, failure, workers = None, None, "", 1
     if diagnosed:
         cfg = recorded_config(cfg, diagnosed)
+        workers = one_process(cfg)
         failed_at, failure = run_failure(diagnosed, cfg.tracking.uri)
         start = checkpoint_start(diagnosed, cfg, failed_at)
     s = validate(cfg)
@@ -149,7 +161,9 @@ def diagnose(cfg: DictConfig, run_dir: Path | None = None, echo=print) -> Result
             echo(f"[diagnose {time.perf_counter() - started:5.1f}s] {msg}", file=sys.stderr, flush=True)
 
     if diagnosed:
-        progress(f"run {diagnosed}: " + (f"failed at step {failed_at} ({failure}); " if failed_at else "")
+        progress(f"run {diagnosed}: " + (f"data parallel on {workers} workers, replayed in one process on its global "
+                                         f"batch of {s.trainer.batch_size}; " if workers > 1 else "")
+                 + (f"failed at step {failed_at} ({failure}); " if failed_at else "")
                  + "starting from " + (f"checkpoint {start}" if start else "step 0 (no checkpoint before it)"))
     cache: dict = {}
     framework = framework_check(s, data, dcfg.framework_check, start)

@@ -236,6 +236,14 @@ class StopRequest:
     def __init__(self):
         self.requested: str | None = None
         self._previous: dict = {}
+        self.rank: int | None = None   # a data-parallel rank (`in_rank`): its job's process stops and escalates
+
+    def in_rank(self, rank: int) -> None:
+        """This process is rank `rank` of a data-parallel run. Its job's process stops the job by a
+        SIGTERM to rank 0, and escalates with SIGKILL; a SLURM cancel signals every rank too. So rank
+        r > 0 ignores signals (it follows rank 0 into the next collective and is ended by the job's
+        process), and rank 0 takes a repeated signal as the same request (never cutting its checkpoint)."""
+        self.rank = rank
 
     def install(self) -> None:
         for sig in SIGNALS:
@@ -251,6 +259,8 @@ class StopRequest:
         self.requested = None
 
     def _handle(self, signum, frame) -> None:
+        if self.rank is not None and (self.rank > 0 or self.requested):
+            return
         if self.requested:
             raise KeyboardInterrupt(self.requested)
         self.requested = signal.Signals(signum).name

@@ -155,7 +155,9 @@ def run_rank(job: Path, spec) -> int:
     os.chdir(own_folder(run_dir))   # MindSpore's scratch files: each rank its own
     from ampgan import report_error
     from ampgan.training.entry import train
-    from ampgan.training.loop import exit_code
+    from ampgan.training.loop import STOP, exit_code
+
+    STOP.in_rank(r)
 
     code, error = 0, ""
     try:
@@ -311,12 +313,16 @@ class Watch:
                 self._read_pids()
                 self._echo()
                 if self.proc.poll() is not None:
-                    break
+                    if self.proc.returncode == -signal.SIGTERM and self.signal is None:
+                        self._on_signal(signal.SIGTERM, None)   # msrun was stopped (a SLURM cancel signals every process)
+                    if not (self.signal and self._stopping()):
+                        break
                 running = [r for r, pid in self.pids.items() if alive(pid)]
                 for r, pid in self.pids.items():
                     if r not in running and not (self.job / f"rank-{r}.exit").exists():
                         self.dead.setdefault(r, "was killed (no exit record: SIGKILL, out of memory or a crash)")
-                if self.pids and not running and len(self.pids) == self.workers or (self.dead and not running):
+                if (self.pids and not running and len(self.pids) == self.workers or (self.dead and not running)
+                        or self._ended_badly()):
                     ended_at = ended_at or time.monotonic()
                     if time.monotonic() - ended_at > self.GRACE_S:
                         break   # msrun's scheduler would wait for a lost rank's heartbeat (30 s)
@@ -332,6 +338,24 @@ class Watch:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         return self.signal
+
+    def _stopping(self) -> bool:
+        """Rank 0 is still finishing its step and checkpoint after a stop request."""
+        pid = self.pids.get(0)
+        return pid is not None and alive(pid) and not (self.job / "rank-0.exit").exists()
+
+    def _ended_badly(self) -> bool:
+        """A rank has written a non-zero exit record (stopped by a signal, or failed): its run is
+        ended and checkpointed, and nothing more can happen; the others, waiting in a collective
+        for it (and its own process, ~7 s in MindSpore's teardown), get GRACE_S before all is killed."""
+        for r in range(self.workers):
+            path = self.job / f"rank-{r}.exit"
+            try:
+                if path.exists() and json.loads(path.read_text())["code"] != 0:
+                    return True
+            except (OSError, ValueError, KeyError):   # being written
+                continue
+        return False
 
     def _on_signal(self, signum, frame) -> None:
         if self.signal:   # the second one: stop at once
