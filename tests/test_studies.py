@@ -208,3 +208,23 @@ def test_lr_sensitivity_draws_no_conclusion_from_an_untrained_reference_and_name
     assert "o2 fails from 0.1, fp32 from 0.1 (same)" in text and "o2_qknorm fails from none up to 0.1" in text
     assert "o2 at lr 0.1: not_amp (fp32 fails there too, finite)" in text
     assert "Non-finite from: fp32 never, o2 0.1, o2_qknorm never" in text
+
+
+def test_the_wgan_study_states_a_bar_for_every_gaussian_set_it_runs_and_its_default_form_is_8_gaussians():
+    """The default form compares only where its reference can be judged: every 2-D set it runs has a bar."""
+    from omegaconf import OmegaConf
+
+    from experiments import wgan_amp
+
+    params = OmegaConf.load(ROOT / "conf/experiment/study_wgan_amp.yaml").hydra.sweeper.params
+    default = str(params["+arm/wgan_data"]).split(",")
+    full = next(o for o in wgan_amp.STUDY.full if o.startswith("+arm/wgan_data=")).split("=", 1)[1].split(",")
+    quick = next(o for o in wgan_amp.STUDY.quick if o.startswith("+arm/wgan_data=")).split("=", 1)[1].split(",")
+    barred = {b.facet for b in wgan_amp.STUDY.bars}
+    assert default == ["gaussians8_long"] and quick == default and set(default) < set(full)
+    assert {d for d in full if d.startswith("gaussians")} <= barred
+    ctx = _ctx(wgan_amp.STUDY, {("gaussians8_long", "fp32"): [8, 5, 8], ("gaussians8_long", "o2_dynamic"): [8, 8, 8]})
+    for r in ctx.rows:
+        r["wgan_data"], r["wgan_amp"] = r.pop("data"), r.pop("arm")
+    ctx.table = seed_table(wgan_amp.STUDY, ctx.rows)
+    assert conclude(ctx, wgan_amp.answer).startswith("Reference not trained")
