@@ -242,7 +242,7 @@ class FixedClipScaler(NoOpScaler):
         ratio = self.clip_norm * ops.reciprocal(ops.maximum(grad_norm, 1e-12))
         factor = ops.minimum(ratio, ops.ones((), ms.float32))
         clipped = ops.logical_and(ratio < 1.0, ops.isfinite(grad_norm))
-        return tuple(g * factor.astype(g.dtype) for g in grads), clipped.astype(ms.float32)
+        return times(factor, grads), clipped.astype(ms.float32)
 
 
 SCALERS = {
