@@ -180,6 +180,21 @@ def test_not_amp_only_when_fp32_fails_no_later_than_amp():
     assert v.name == "overflow" and v.layer == "head"
 
 
+def test_a_spike_fp32_survives_but_float16_turns_into_nan_is_float16s_not_not_amp():
+    """FP32 diverges by AMP's NaN step, then recovers by the horizon's end: float16 made the spike fatal."""
+    located = Located(1, "train", "forward", "head", float("inf"), 3.0)
+    failing = synced({"train": net_trace("train", [False] * 4)})
+    fp32 = course("FP32", 30, "diverged")
+    stays = decide(classifier_o2(), DiagnoseConfig(), fp32_twin(), failing, {}, located,
+                   horizon=horizon(course("AMP", 30, "non_finite"), fp32))
+    assert stays.name == "not_amp"   # FP32 still diverged at the end: it fails the same way
+    fp32.recovered_at, fp32.recovered = 100, "eval/accuracy 0.9 at step 100"
+    recovers = decide(classifier_o2(), DiagnoseConfig(), fp32_twin(), failing, {}, located,
+                      horizon=horizon(course("AMP", 30, "non_finite"), fp32))
+    assert recovers.name == "overflow" and recovers.layer == "head"
+    assert any("recovered by step 100" in e for e in recovers.evidence)
+
+
 def test_a_run_that_fails_where_the_replay_shows_nothing_is_not_reproduced_never_healthy():
     amp_fails = horizon(course("AMP", 40, "non_finite"), course("FP32"))
     v = decide(classifier_o2(), DiagnoseConfig(), fp32_twin(), clean(), {}, horizon=amp_fails)

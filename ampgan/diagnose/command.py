@@ -174,8 +174,10 @@ def diagnose(cfg: DictConfig, run_dir: Path | None = None, echo=print) -> Result
         if dcfg.horizon:
             steps = dcfg.horizon if failed_at is None else max(1, failed_at - checkpoint.step_of(start))
             every = max(1, min(BLOCK, dcfg.steps))   # the failure known to within the replay's length
+            # a logged run's FP32 twin may train on past the failure to see whether FP32 recovers
+            later = None if failed_at is None else min(s.trainer.max_steps, failed_at + dcfg.horizon)
             horizon = run_horizon(s, data, steps, dcfg, Path(scratch), start, every, progress,
-                                  run_failed_at=failed_at, run_failure=failure)
+                                  run_failed_at=failed_at, run_failure=failure, recover_to=later)
             start = horizon.lockstep_start()
         replay = lockstep_length(dcfg.steps, horizon, start)
         ref = reference_for(s, data, replay, progress, cache, start)

@@ -5,7 +5,7 @@ its FP32 twin (`replay.fp32_twin_settings`: everything but precision kept) train
 compiled train steps (`training.loop.run_steps`, nothing tracked, statuses read once a block):
 `diagnose.horizon` steps, or a logged run's steps up to its first failing step, each run bounded
 by `diagnose.horizon_seconds`. The FP32 twin trains no further than the AMP run failed: all the
-verdict asks of it is whether it fails no later.
+verdict asks of it is whether it fails no later (but see "a divergence can pass" below).
 
 A run fails at the first of:
   non_finite   a step whose loss is not finite (known to its block of `every` steps);
@@ -15,6 +15,11 @@ A run fails at the first of:
   no_progress  from step 0 only: the run closed less than `min_progress` of that gap (the
                horizon's last step). From a checkpoint a run may have converged already, so
                there only divergence and non-finite losses count.
+
+A divergence can pass: a loss spike that FP32 survives is fatal in float16 when it overflows.
+So when the AMP run's loss goes non-finite and its FP32 twin has only diverged by then, the twin
+trains on to the horizon's end; if it is no longer diverged there, it recovered, and its
+divergence does not make the AMP run's failure "not AMP" (float16 made the spike fatal).
 
 The AMP run writes a full-state checkpoint set every `every` steps (`diagnose.steps`, at most 10)
 into a scratch folder: the lockstep replay (`replay.py`) starts from the newest one before its
@@ -58,6 +63,8 @@ class Course:
     failure: str = ""
     timed_out: bool = False
     folder: Path | None = None  # where its checkpoint sets are (AMP only)
+    recovered_at: int | None = None   # a divergence gone by this later step (the course went on to see)
+    recovered: str = ""
 
     @property
     def last_step(self) -> int:
@@ -75,6 +82,8 @@ class Course:
         trend = (f"{self.objective} {self.before:.4g} -> {self.after:.4g}" if math.isfinite(self.after)
                  else f"{self.objective} {self.before:.4g} at the start")
         fate = f"FAILS at step {self.failed_at}: {self.failure}" if self.failed_at is not None else "does not fail"
+        if self.recovered_at is not None:
+            fate += f"; recovered by step {self.recovered_at} ({self.recovered})"
         return f"{head}; {trend}; {fate}"
 
 
@@ -95,9 +104,10 @@ class _LossWatch(NullTracker):
 
 def train_course(s: Settings, data: Dataset, label: str, steps: int, dcfg, start: Path | None = None,
                  every: int = 0, folder: Path | None = None, progress=lambda msg: None,
-                 judge_progress: bool = True) -> Course:
+                 judge_progress: bool = True, recover_to: int | None = None) -> Course:
     """Train `s` for `steps` steps from `start` (a checkpoint set; None: step 0) and judge its course
-    (`judge_progress` False: a shortened course, where too little progress says nothing)."""
+    (`judge_progress` False: a shortened course, where too little progress says nothing).
+    `recover_to`: a course that diverged trains on to that step to see whether it recovers."""
     task = build_seeded(s, data, start)
     start_step = checkpoint.step_of(start)
     course = Course(label, start_step, steps, task.objective, task.direction, task.objective_best,
@@ -106,18 +116,25 @@ def train_course(s: Settings, data: Dataset, label: str, steps: int, dcfg, start
     block = every or BLOCK
     # statuses are read once a block (the loop drains what is pending when it returns): a non-finite
     # loss is known to lie in that block, whose start has a checkpoint set (blocks end on multiples of `every`)
-    cfg = replace(s.trainer, max_steps=end, log_every=10**9, print_every=10**9, print_seconds=0.0, eval_every=0,
-                  layer_health_every=0, checkpoint_every=every, keep_checkpoints=10**6)
+    cfg = replace(s.trainer, max_steps=max(end, recover_to or 0), log_every=10**9, print_every=10**9,
+                  print_seconds=0.0, eval_every=0, layer_health_every=0, checkpoint_every=every, keep_checkpoints=10**6)
     watch, loop = _LossWatch(), Progress(10**9, start_step, 10**9, 0.0)   # a total never reached: no status line
     loop.past_first = True   # nor a first-step line or start-up metric: this is not a run
-    started, step = time.perf_counter(), start_step
-    while step < end and watch.step is None:
-        if time.perf_counter() - started > dcfg.horizon_seconds:
-            course.timed_out = True
-            break
+    started = time.perf_counter()
+
+    def advance(step: int, to: int) -> tuple[int, int]:
+        """Train blocks from `step` to `to` (or a non-finite loss, or the time bound): (step, its block's first)."""
         first = step + 1
-        step, _ = run_steps(task, watch, cfg, folder, range(first, min((step // block + 1) * block, end) + 1), loop)
-        progress(f"horizon {label}: step {step - start_step}/{steps}")
+        while step < to and watch.step is None:
+            if time.perf_counter() - started > dcfg.horizon_seconds:
+                course.timed_out = True
+                break
+            first = step + 1
+            step, _ = run_steps(task, watch, cfg, folder, range(first, min((step // block + 1) * block, to) + 1), loop)
+            progress(f"horizon {label}: step {step - start_step}/{max(steps, (recover_to or 0) - start_step)}")
+        return step, first
+
+    step, first = advance(start_step, end)
     course.done, course.seconds = step - start_step, time.perf_counter() - started
     if watch.step is not None:
         course.failed_at, course.failed_from, course.kind = step, first, "non_finite"
@@ -127,6 +144,16 @@ def train_course(s: Settings, data: Dataset, label: str, steps: int, dcfg, start
     if not math.isfinite(course.after) or course.progress < -dcfg.diverge_tol:
         course.failed_at, course.kind = step, "diverged"
         course.failure = f"diverged: {course.objective} {course.before:.4g} -> {course.after:.4g}"
+        if recover_to is not None and recover_to > step and not course.timed_out:
+            timed_out, course.timed_out = course.timed_out, False
+            later, _ = advance(step, recover_to)
+            now = float(task.evaluate()[task.objective]) if watch.step is None else math.nan
+            gain = (now - course.before) if course.direction == "maximize" else (course.before - now)
+            if math.isfinite(now) and gain / max(abs(course.best - course.before), 1e-12) >= -dcfg.diverge_tol:
+                course.recovered_at = later
+                course.recovered = f"{course.objective} {now:.4g} at step {later}"
+            course.timed_out = timed_out
+            course.seconds = time.perf_counter() - started
     elif judge_progress and start is None and not course.timed_out and course.progress < dcfg.min_progress:
         course.failed_at, course.kind = step, "no_progress"
         course.failure = (f"does not learn: {course.objective} {course.before:.4g} -> {course.after:.4g} "
@@ -153,7 +180,8 @@ class Horizon:
     def fp32_fails_first(self, kinds: tuple[str, ...] = ("non_finite", "diverged", "no_progress")) -> bool:
         """The run fails, and FP32 fails too (in one of `kinds`), no later than AMP does."""
         a, f = self.amp.failed_at, self.fp32.failed_at
-        return a is not None and f is not None and f <= a and self.fp32.kind in kinds
+        return (a is not None and f is not None and f <= a and self.fp32.kind in kinds
+                and self.fp32.recovered_at is None)
 
     def describe(self) -> list[str]:
         out = [self.amp.describe(), self.fp32.describe()]
@@ -164,11 +192,16 @@ class Horizon:
 
 def run_horizon(s: Settings, data: Dataset, steps: int, dcfg, folder: Path, start: Path | None = None,
                 every: int = BLOCK, progress=lambda msg: None, run_failed_at: int | None = None,
-                run_failure: str = "") -> Horizon:
+                run_failure: str = "", recover_to: int | None = None) -> Horizon:
     """The AMP run over `steps` steps (checkpoints every `every` into `folder`), then its FP32 twin
-    up to the AMP run's failure."""
+    up to the AMP run's failure (on to the end when AMP's loss went non-finite and FP32 has only
+    diverged by then: does it recover? by `recover_to`, default the horizon's end; a logged run
+    that failed at its horizon's last step gives a later one)."""
     amp = train_course(s, data, "AMP", steps, dcfg, start, every, folder, progress)
     fp32_steps = steps if amp.failed_at is None else max(1, amp.failed_at - amp.start_step)
+    # a float16 NaN against an FP32 twin that has only diverged by then: does FP32 recover by the end?
+    recover_to = recover_to or amp.start_step + steps
+    recover_to = recover_to if amp.kind == "non_finite" and amp.start_step + fp32_steps < recover_to else None
     fp32 = train_course(fp32_twin_settings(s), data, "FP32", fp32_steps, dcfg, start, progress=progress,
-                        judge_progress=fp32_steps == steps)
+                        judge_progress=fp32_steps == steps, recover_to=recover_to)
     return Horizon(amp, fp32, start, run_failed_at, run_failure)

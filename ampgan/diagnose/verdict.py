@@ -7,7 +7,8 @@ value). Rules, first match wins:
   framework       the FP32 twin's GP weight gradient, in the run's mode, disagrees with finite
                   differences at both step sizes (`framework.py`); layer: the worst parameter's cell
   not_amp         the run fails and FP32 fails too, no later than AMP does, in the horizon, by a
-                  non-finite loss or divergence; or the FP32 twin's loss or gradient is not finite
+                  non-finite loss or divergence (not a divergence FP32 recovers from by the horizon's
+                  end while AMP's loss went non-finite: float16 made that spike fatal); or the FP32 twin's loss or gradient is not finite
                   in the replay no later than AMP's first failure (FP32 making no progress from
                   step 0 counts below, after the float16 rules: a run that does not learn and
                   also overflows has a float16 problem besides)
