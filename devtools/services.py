@@ -31,6 +31,7 @@ from pathlib import Path
 
 from ampgan import AmpganError, report_error
 from ampgan.config.schema import outputs_dir
+from ampgan.training.parallel import free_port
 
 STATE = "state.json"
 PACKAGES = {  # a command each Debian package provides -> the package
@@ -80,12 +81,6 @@ def _sbin(command: str) -> str:
 
 
 # ---------------------------------------------------------------- helpers
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

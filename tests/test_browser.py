@@ -21,9 +21,9 @@ import psutil
 import pytest
 from playwright.sync_api import sync_playwright
 
+from ampgan.training.parallel import free_port
 from tests.conftest import ROOT
 from tests.test_report import NAMES, finished_clip_sweep
-from tests.test_ui import free_port
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--run-all-compositor-stages-before-draw"]

@@ -19,8 +19,8 @@ import textwrap
 
 import pytest
 
+from ampgan.training.parallel import free_port
 from tests.conftest import ROOT
-from tests.test_ui import free_port
 
 # the variables by which MLflow 3.17 turns telemetry off (mlflow/telemetry/utils.py) ...
 MLFLOW_CI_VARS = ("PYTEST_CURRENT_TEST", "GITHUB_ACTIONS", "CI", "CIRCLECI", "GITLAB_CI", "JENKINS_URL", "TRAVIS",

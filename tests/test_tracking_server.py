@@ -10,8 +10,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from ampgan.training.parallel import free_port
 from tests.test_resume import journal_step, run_folder, start
-from tests.test_ui import free_port
 
 
 def start_server(folder: Path, port: int) -> subprocess.Popen:

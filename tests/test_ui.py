@@ -5,20 +5,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
 from ampgan.training.entry import train
+from ampgan.training.parallel import free_port
 from tests.conftest import ROOT, compose_cfg
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_ui_serves_the_embedded_store(outputs, tmp_path):
