@@ -42,7 +42,6 @@ def counted(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     SEEN.clear()
     yield calls
-    os.chdir(tmp_path)
 
 
 # the node Hydra fills in per process and per run (time-stamped folders, this process's cwd)

@@ -73,7 +73,11 @@ class Course:
     @property
     def progress(self) -> float:
         """The share of the gap between the start and the best possible objective closed (negative: worse)."""
-        gain = self.after - self.before if self.direction == "maximize" else self.before - self.after
+        return self.progress_to(self.after)
+
+    def progress_to(self, value: float) -> float:
+        """The same share for the objective at `value`."""
+        gain = value - self.before if self.direction == "maximize" else self.before - value
         return gain / max(abs(self.best - self.before), 1e-12)
 
     def describe(self) -> str:
@@ -145,14 +149,12 @@ def train_course(s: Settings, data: Dataset, label: str, steps: int, dcfg, start
         course.failed_at, course.kind = step, "diverged"
         course.failure = f"diverged: {course.objective} {course.before:.4g} -> {course.after:.4g}"
         if recover_to is not None and recover_to > step and not course.timed_out:
-            timed_out, course.timed_out = course.timed_out, False
             later, _ = advance(step, recover_to)
             now = float(task.evaluate()[task.objective]) if watch.step is None else math.nan
-            gain = (now - course.before) if course.direction == "maximize" else (course.before - now)
-            if math.isfinite(now) and gain / max(abs(course.best - course.before), 1e-12) >= -dcfg.diverge_tol:
+            if math.isfinite(now) and course.progress_to(now) >= -dcfg.diverge_tol:
                 course.recovered_at = later
                 course.recovered = f"{course.objective} {now:.4g} at step {later}"
-            course.timed_out = timed_out
+            course.timed_out = False   # the course itself ran whole: a bound hit on the way on says only "not seen to recover"
             course.seconds = time.perf_counter() - started
     elif judge_progress and start is None and not course.timed_out and course.progress < dcfg.min_progress:
         course.failed_at, course.kind = step, "no_progress"
