@@ -35,6 +35,11 @@ def _cell_classes() -> list[str]:
     return [name for name in dir(nn) if isinstance(getattr(nn, name), type) and issubclass(getattr(nn, name), nn.Cell)]
 
 
+def o2_keeps_fp32(cell: nn.Cell) -> bool:
+    """O2 computes cells of this type in FP32 (MindSpore's black list: BatchNorm, LayerNorm...)."""
+    return isinstance(cell, tuple(amp.get_black_list()))
+
+
 def resolve_cell_types(entries: list[str]) -> list[type]:
     """Validate a keep-list; return the `mindspore.nn` classes its type names stand for.
 

@@ -185,13 +185,16 @@ def diagnose(cfg: DictConfig, run_dir: Path | None = None, echo=print) -> Result
         analysis = analyse(s, dcfg, data, ref, modes, progress, dcfg.locate, framework, horizon, failed_at)
         result = Result(analysis.verdict, analysis)
         fixes = list(analysis.verdict.fixes)
-        if dcfg.search and analysis.verdict.name not in NO_AMP_FIX:
+        if dcfg.search and analysis.verdict.on_evaluation:
+            progress("search: skipped (the keep-list search replays training steps; this verdict is the evaluation's)")
+        elif dcfg.search and analysis.verdict.name not in NO_AMP_FIX:
             result.search = search_keep_list(cfg, dcfg, data, cache, progress, start)
             fixes = [Fix([result.search.override], "minimal FP32 keep-list found by ddmin")] + [
                 f for f in fixes if f.overrides != [result.search.override]]
             analysis.verdict.fixes = fixes
         if dcfg.verify and fixes:
-            result.checked = verify_fixes(cfg, dcfg, fixes, data, cache, progress, start=start)
+            result.checked = verify_fixes(cfg, dcfg, fixes, data, cache, progress, start=start,
+                                          horizon=horizon if analysis.verdict.on_evaluation else None)
             if result.search is not None:
                 result.search.confirmed = any(c.confirmed and c.fix.overrides == fixes[0].overrides for c in result.checked)
     if dcfg.seeds and fixes:

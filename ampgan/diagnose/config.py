@@ -30,6 +30,8 @@ class DiagnoseConfig:
     min_progress: float = 0.02    # share of the gap between the objective at step 0 and its best value that a run
                                   # must close over the horizon to count as learning
     diverge_tol: float = 0.5      # share of that gap the objective may worsen by before it is divergence
+    trail_tol: float = 0.5        # a run that closes less than 1 - trail_tol of the share FP32 closes trails it:
+                                  # its evaluation is checked in float16 (the inference stage)
     locate: bool = True           # instrument the first non-finite step (forward, GP inner gradient, backward)
     verify: bool = False          # replay every candidate fix and rank them
     max_fixes: int = 4            # candidates replayed by verify
@@ -48,7 +50,7 @@ class DiagnoseConfig:
                 f"diagnose.framework_check must be one of {', '.join(FRAMEWORK_CHECKS)}, got '{self.framework_check}'")
         require(self.horizon >= 0, f"diagnose.horizon must be >= 0, got {self.horizon}")
         require(self.horizon_seconds > 0, f"diagnose.horizon_seconds must be > 0, got {self.horizon_seconds}")
-        for key in ("rel_tol", "lost_tol", "skip_tol", "underflow_fraction", "margin", "min_progress", "diverge_tol"):
+        for key in ("rel_tol", "lost_tol", "skip_tol", "underflow_fraction", "margin", "min_progress", "diverge_tol", "trail_tol"):
             require(0 < getattr(self, key) < 1, f"diagnose.{key} must lie in (0, 1), got {getattr(self, key)}")
         require(self.max_fixes >= 1, f"diagnose.max_fixes must be >= 1, got {self.max_fixes}")
         require(self.seeds >= 0, f"diagnose.seeds must be >= 0, got {self.seeds}")

@@ -16,6 +16,12 @@ A run fails at the first of:
                horizon's last step). From a checkpoint a run may have converged already, so
                there only divergence and non-finite losses count.
 
+A run can trail: it fails none of these, but closes less than `1 - trail_tol` of the share of the
+gap its FP32 twin closes (`falls_short`; FP32 must learn, at least `min_progress`), as an O3 run
+whose float16 BatchNorm evaluates on moving statistics beyond 65504 (its training steps are fine,
+its evaluation is not). A run that fails or trails this way while FP32 trains has its evaluation
+checked in float16 (`inference.py`): the AMP course keeps its trained task for that (`Course.task`).
+
 A divergence can pass: a loss spike that FP32 survives is fatal in float16 when it overflows.
 So when the AMP run's loss goes non-finite and its FP32 twin has only diverged by then, the twin
 trains on to the horizon's end; if it is no longer diverged there, it recovered, and its
@@ -65,6 +71,7 @@ class Course:
     folder: Path | None = None  # where its checkpoint sets are (AMP only)
     recovered_at: int | None = None   # a divergence gone by this later step (the course went on to see)
     recovered: str = ""
+    task: object = None         # the trained task (the AMP course's, for the inference stage)
 
     @property
     def last_step(self) -> int:
@@ -106,16 +113,23 @@ class _LossWatch(NullTracker):
             self.step, self.what = step, f"{', '.join(bad)} = {metrics[bad[0]]}"
 
 
+def falls_short(amp: float, fp32: float, dcfg) -> bool:
+    """AMP's progress (a share of the gap to the best objective, `Course.progress_to`) trails FP32's:
+    FP32 learns (at least `min_progress`) and AMP closes less than `1 - trail_tol` of what it closes."""
+    return fp32 >= dcfg.min_progress and amp < (1.0 - dcfg.trail_tol) * fp32
+
+
 def train_course(s: Settings, data: Dataset, label: str, steps: int, dcfg, start: Path | None = None,
                  every: int = 0, folder: Path | None = None, progress=lambda msg: None,
-                 judge_progress: bool = True, recover_to: int | None = None) -> Course:
+                 judge_progress: bool = True, recover_to: int | None = None, keep_task: bool = False) -> Course:
     """Train `s` for `steps` steps from `start` (a checkpoint set; None: step 0) and judge its course
     (`judge_progress` False: a shortened course, where too little progress says nothing).
-    `recover_to`: a course that diverged trains on to that step to see whether it recovers."""
+    `recover_to`: a course that diverged trains on to that step to see whether it recovers.
+    `keep_task`: the course holds the trained task (`Course.task`)."""
     task = build_seeded(s, data, start)
     start_step = checkpoint.step_of(start)
     course = Course(label, start_step, steps, task.objective, task.direction, task.objective_best,
-                    float(task.evaluate()[task.objective]), folder=folder)
+                    float(task.evaluate()[task.objective]), folder=folder, task=task if keep_task else None)
     end = start_step + steps
     block = every or BLOCK
     # statuses are read once a block (the loop drains what is pending when it returns): a non-finite
@@ -185,6 +199,13 @@ class Horizon:
         return (a is not None and f is not None and f <= a and self.fp32.kind in kinds
                 and self.fp32.recovered_at is None)
 
+    def amp_trails(self, dcfg) -> bool:
+        """The AMP run fails or trails FP32 without a non-finite loss (diverged, no progress, or
+        `falls_short` of FP32's progress), while FP32 does not fail: what the inference stage checks."""
+        a, f = self.amp, self.fp32
+        return (a.kind != "non_finite" and math.isfinite(a.after) and f.failed_at is None
+                and a.done == f.done and falls_short(a.progress, f.progress, dcfg))
+
     def describe(self) -> list[str]:
         out = [self.amp.describe(), self.fp32.describe()]
         if self.run_failed_at is not None:
@@ -194,12 +215,15 @@ class Horizon:
 
 def run_horizon(s: Settings, data: Dataset, steps: int, dcfg, folder: Path, start: Path | None = None,
                 every: int = BLOCK, progress=lambda msg: None, run_failed_at: int | None = None,
-                run_failure: str = "", recover_to: int | None = None) -> Horizon:
+                run_failure: str = "", recover_to: int | None = None, fp32: Course | None = None) -> Horizon:
     """The AMP run over `steps` steps (checkpoints every `every` into `folder`), then its FP32 twin
     up to the AMP run's failure (on to the end when AMP's loss went non-finite and FP32 has only
     diverged by then: does it recover? by `recover_to`, default the horizon's end; a logged run
-    that failed at its horizon's last step gives a later one)."""
-    amp = train_course(s, data, "AMP", steps, dcfg, start, every, folder, progress)
+    that failed at its horizon's last step gives a later one). `fp32`: the twin's course over the
+    same steps, already trained (a fix verified on the evaluation objective has the run's twin)."""
+    amp = train_course(s, data, "AMP", steps, dcfg, start, every, folder, progress, keep_task=True)
+    if fp32 is not None and amp.kind != "non_finite" and amp.done == fp32.done:   # the twin trained as far
+        return Horizon(amp, fp32, start, run_failed_at, run_failure)
     fp32_steps = steps if amp.failed_at is None else max(1, amp.failed_at - amp.start_step)
     # a float16 NaN against an FP32 twin that has only diverged by then: does FP32 recover by the end?
     recover_to = recover_to or amp.start_step + steps

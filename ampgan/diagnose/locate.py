@@ -38,7 +38,8 @@ from ampgan.diagnose.probe import make_inner_gradient_probe
 class Located:
     iteration: int
     net: str
-    phase: str          # forward | gp_inner | backward | loss (no cell's value: the loss itself)
+    phase: str          # forward | gp_inner | backward | loss (no cell's value: the loss itself) |
+                        # inference (the evaluation's forward pass: `inference.py`; net "eval")
     where: str          # a cell path or a parameter name
     amp_value: float    # max |value| there under AMP (inf/nan when not finite)
     fp32_value: float   # the FP32 twin's, when known (nan otherwise)
@@ -46,10 +47,12 @@ class Located:
 
     def describe(self) -> str:
         what = {"forward": "output of cell", "gp_inner": "penalty's inner gradient through",
-                "backward": "gradient of", "loss": "the loss, with every cell's output finite:"}[self.phase]
+                "backward": "gradient of", "loss": "the loss, with every cell's output finite:",
+                "inference": "the evaluation forward pass (inference mode) in"}[self.phase]
         twin = f", FP32 {self.fp32_value:.4g}" if np.isfinite(self.fp32_value) else ""
         op = f"; {self.op.describe()}" if self.op is not None else ""
-        return (f"step {self.iteration} ({self.net} step), {self.phase}: {what} {self.where}: "
+        head = f"after step {self.iteration}" if self.phase == "inference" else f"step {self.iteration} ({self.net} step)"
+        return (f"{head}, {self.phase}: {what} {self.where}: "
                 f"AMP max|x| {self.amp_value:.4g}{twin}{op}")
 
 

@@ -183,6 +183,8 @@ class OpCall:
     in_net: bool          # called while one of the nets runs (not in the loss)
     file: str
     line: int
+    cast_in_peak: float = 0.0   # computing in float16: max |x| of its FP32 inputs (cast down for it in C++)
+    cast_in_shape: tuple = ()   # ... the shape of the input holding it
     grad_order: int = -1  # when its output's gradient arrived in the backward pass (0 first; -1 never)
     grad_peak: float = float("nan")   # max |gradient| at its output (inf when not finite)
     grad_nonfinite: int = 0
@@ -209,12 +211,14 @@ class OpHit:
     line: int
     in_net: bool = True   # False: in the loss computation, outside every net
     gradient: bool = False   # the values are the gradient at its output (backward), not the output
+    cast_input: bool = False   # the values are an FP32 input the op computes with in float16 (inf once cast)
 
     def describe(self) -> str:
         scaled = " (times AMP's loss scale)" if self.gradient else ""
         twin = f"FP32 {self.fp32_max:.4g}{scaled}" if not np.isnan(self.fp32_max) else "no FP32 counterpart"
         where = f"cell {self.cell}" if self.cell else ("the net" if self.in_net else "the loss")
-        value = "gradient at its output" if self.gradient else "output"
+        value = ("FP32 input cast to float16" if self.cast_input else
+                 "gradient at its output" if self.gradient else "output")
         return (f"op {self.op} in {where}, {value} {list(self.shape)}: AMP max|x| {self.amp_max:.4g} "
                 f"(float16 max {FP16_MAX:g}), {twin}, at {self.file}:{self.line}")
 
@@ -327,8 +331,13 @@ class OpRecorder(CellHooks):
         _, bad_in, nan_in = peak_and_nonfinite([t for a in (*args, *kwargs.values()) for t in tensors(a)])
         file, line = source_line()
         fp32 = outs[0].dtype == ms.float32
+        cast_in, cast_shape = 0.0, ()
+        if outs[0].dtype == ms.float16:   # its FP32 inputs are cast down for it (PYNATIVE's AMP casts in C++)
+            for t in (t for a in (*args, *kwargs.values()) for t in tensors(a) if t.dtype == ms.float32):
+                if (p := peak_and_nonfinite([t])[0]) > cast_in:
+                    cast_in, cast_shape = p, tuple(t.shape)
         self.calls.append(OpCall(name, cell, index, tuple(outs[0].shape), str(outs[0].dtype), peak, bad, bad_in,
-                                 nan_in, fp32 and self._kept_fp32(), bool(self.stack), file, line))
+                                 nan_in, fp32 and self._kept_fp32(), bool(self.stack), file, line, cast_in, cast_shape))
         if self.gradients and outs[0].dtype in (ms.float16, ms.float32):
             try:
                 outs[0].register_hook(self._gradient_hook(self.calls[-1]))
@@ -387,15 +396,23 @@ def record_ops(roots: dict[str, nn.Cell], run: Callable[[], object], gradients: 
     return rec.calls
 
 
-def first_bad_op(amp_calls: list[OpCall], fp32_calls: list[OpCall]) -> OpHit | None:
+def first_bad_op(amp_calls: list[OpCall], fp32_calls: list[OpCall], cast_inputs: bool = False) -> OpHit | None:
     """The first AMP call whose inputs are clean while its output leaves float16's range (see the
-    module's docstring), with the FP32 twin's value of the same call; None: no call does."""
+    module's docstring), with the FP32 twin's value of the same call; None: no call does.
+
+    `cast_inputs` (an inference-mode forward pass): a call computing in float16 is also the origin
+    when one of its FP32 inputs exceeds 65504, inf once cast down for it (BatchNorm's moving
+    variance, an FP32 parameter); the FP32 twin's value is that input's, uncast. Off in training
+    passes, where BatchNorm takes its moving statistics as inputs its output does not use."""
     twin = {c.key: c for c in fp32_calls if not c.is_cast}
     for c in amp_calls:
         t = None if c.is_cast else twin.get(c.key)
         base_in, base_out = (t.nonfinite_in, t.nonfinite) if t is not None else (0, 0)
         if c.nan_in or c.nonfinite_in > base_in:
             continue
+        if cast_inputs and c.cast_in_peak > FP16_MAX:
+            return OpHit(c.op, c.cell, c.cast_in_shape, float("inf"), c.cast_in_peak, c.file, c.line, c.in_net,
+                         cast_input=True)
         if c.nonfinite > base_out or (c.fp32_kept and c.nonfinite == 0 and c.peak > FP16_MAX):
             return OpHit(c.op, c.cell, c.shape, c.peak, t.peak if t is not None else float("nan"), c.file, c.line,
                          c.in_net)

@@ -1,4 +1,4 @@
-"""One diagnosis of one configuration: replay, statistics, ranges, locate, verdict.
+"""One diagnosis of one configuration: replay, statistics, ranges, locate, inference, verdict.
 
 `analyse` is what the command runs once, and what verification and the keep-list search run
 again for every candidate (shorter, without the slow stages).
@@ -17,6 +17,7 @@ from ampgan.diagnose.ranges import ScaleFit, fit_scales
 from ampgan.diagnose.replay import (Reference, Trace, build_seeded, fp32_twin_settings, net_parameters,
                                     record_reference, replay_amp, roots)
 from ampgan.diagnose.horizon import Horizon
+from ampgan.diagnose.inference import Inference, check_inference
 from ampgan.diagnose.statistics import layer_rows, net_rel_err, summarize_net
 from ampgan.diagnose.verdict import Verdict, skips_nonfinite, decide
 from ampgan.diagnose.probe import make_loader
@@ -35,6 +36,7 @@ class Analysis:
     verdict: Verdict
     rows: list[dict]
     horizon: Horizon | None = None
+    inference: Inference | None = None   # the run trailed FP32: its evaluation checked in float16
 
     def free_summary(self) -> str | None:
         if self.free is None:
@@ -71,9 +73,14 @@ def analyse(s: Settings, dcfg, data: Dataset, ref: Reference, modes: list[str], 
                              make_loader(net_parameters(ref.task)))
             progress(f"located: {located.describe()}")
     fits = {net: fit_scales(t.param_names, t.hist, dcfg.underflow_fraction) for net, t in synced.nets.items()}
-    verdict = decide(s, dcfg, ref, synced, fits, located, framework, horizon, run_failed_at)
+    inference = None
+    if horizon is not None and horizon.amp.task is not None and horizon.amp_trails(dcfg):
+        inference = check_inference(s, data, horizon, dcfg, progress)
+    verdict = decide(s, dcfg, ref, synced, fits, located, framework, horizon, run_failed_at, inference)
+    if verdict.on_evaluation and located is None:   # the verdict is the evaluation's: its first bad op
+        located = inference.located()
     return Analysis(s, ref, synced, traces.get("free") if "synced" in traces else None, fits, located, framework,
-                    verdict, layer_rows(synced, fits), horizon)
+                    verdict, layer_rows(synced, fits), horizon, inference)
 
 
 def failure_step(synced: Trace, s: Settings, dcfg):

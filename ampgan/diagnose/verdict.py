@@ -26,9 +26,15 @@ value). Rules, first match wins:
                   FP32 gradient elements below float16's normals); the layer named loses the most
   precision       the median relative gradient error (synced) exceeds `rel_tol` with none of the
                   above (zeros where the gradients sit inside the range count here)
+  overflow        (inference) the run trails FP32 on the evaluation objective over the horizon
+                  (`Horizon.amp_trails`), its weights evaluate in FP32 to what float16's evaluation
+                  misses, and an op of the evaluation forward pass (inference mode) leaves float16's
+                  range (`inference.py`): that op's cell; fixes verified on the evaluation objective
+  precision       (inference) the same, with no op out of float16's range (no fix offered)
   not_amp         neither the run nor its FP32 twin learns over the horizon (no progress)
-  not_reproduced  none of the above, but the run fails (in the horizon, or in its logged history)
-                  and the replay did not reach or explain it: how to get there is said
+  not_reproduced  none of the above, but the run fails (in the horizon, or in its logged history),
+                  or trails FP32 with its weights evaluating as badly in FP32, and the replay did
+                  not reach or explain it: how to get there is said
   healthy         otherwise: the run does not fail over the horizon and AMP tracks FP32
 A NaN in a statistic is a finding (the net failing), never dropped.
 """
@@ -64,6 +70,7 @@ class Verdict:
     evidence: list[str] = field(default_factory=list)
     layer: str = ""
     fixes: list[Fix] = field(default_factory=list)
+    on_evaluation: bool = False   # found in the evaluation (inference stage): fixes are verified on its objective
 
     @property
     def exit_code(self) -> int:
@@ -118,10 +125,11 @@ def _scale_fixes(s: Settings, common: ScaleFit | None) -> list[Fix]:
 
 
 def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=None, horizon=None,
-           run_failed_at: int | None = None) -> Verdict:
+           run_failed_at: int | None = None, inference=None) -> Verdict:
     """`synced`: the synced Trace; `fits`: net -> ranges.ScaleFit; `located`: locate.Located or None;
     `horizon`: horizon.Horizon or None (off: what the run does beyond the replay is unknown);
-    `run_failed_at`: a diagnosed run's first failing step from its logged history."""
+    `run_failed_at`: a diagnosed run's first failing step from its logged history;
+    `inference`: inference.Inference (the run trails FP32: its evaluation checked) or None."""
     sums = {n: summarize_net(t) for n, t in synced.nets.items()}
     rows = layer_rows(synced, fits)
     roots = net_roots(synced)
@@ -228,8 +236,19 @@ def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=N
         fixes += keep_fixes([owner(worst["param"], roots), cell_of(worst["param"], roots)], "{} in FP32")
         return Verdict("precision", f"float16 precision loss (no range problem) at {where}: median "
                        f"relative gradient error {rel:.3g} > {dcfg.rel_tol}", ev, where, fixes)
+    if inference is not None:
+        ev.insert(0, f"inference: {inference.describe()}")
+        if inference.blames_float16:
+            return _inference_verdict(s, inference, ev)
     if horizon is not None and horizon.fp32_fails_first():   # neither learns, and the replay shows no float16 cause
         return _fp32_fails(horizon, ev)
+    if inference is not None and horizon.amp.failed_at is None:   # trails, and its weights evaluate as badly in FP32
+        a, f = horizon.amp, horizon.fp32
+        return Verdict("not_reproduced", f"the run trails its FP32 twin ({a.objective} {a.after:.4g} vs {f.after:.4g} "
+                       f"after {a.done} steps) and its weights evaluate as badly in FP32, but the lockstep replay shows "
+                       "no float16 cause",
+                       ev + [f"how to get there: a longer replay from the same start (diagnose.steps={2 * a.done}), "
+                             "or diagnose.run=<id> of a run that wrote checkpoints (trainer.checkpoint_every)"])
     unreached = _unreached(horizon, run_failed_at, ref)
     if unreached:
         return Verdict("not_reproduced", unreached[0], ev + unreached[1:])
@@ -240,6 +259,26 @@ def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=N
     a = horizon.amp
     return Verdict("healthy", f"{tracks}, and the run does not fail over {a.done} steps "
                    f"({a.objective} {a.before:.4g} -> {a.after:.4g})", ev)
+
+
+def _inference_verdict(s: Settings, inference, ev: list[str]) -> Verdict:
+    """float16 breaks the evaluation: overflow at the op's cell (fixes: its type or its cell in FP32,
+    or O2 when it computes that type in FP32), or precision when no op leaves the range."""
+    gap = (f"{inference.objective} {inference.amp:.4g} in float16 where the same weights reach "
+           f"{inference.fp32:.4g} in FP32")
+    hit = inference.hit
+    if hit is None:
+        return Verdict("precision", f"float16 breaks the evaluation ({gap}) with every op of its forward pass inside "
+                       "float16's range", ev, "", [], on_evaluation=True)
+    ev.insert(1, f"first bad value of the evaluation forward pass: {hit.describe()}")
+    kind = inference.cell_type
+    fixes = [Fix([f"amp.keep_fp32=[{kind}]"], f"every {kind} computes in FP32 (the same statistics in each)")] if kind else []
+    if s.amp.level == "O3" and inference.o2_keeps_fp32:
+        fixes.append(Fix(["amp=o2"], f"O2 computes {kind or 'that cell'} in FP32 (MindSpore's black list)"))
+    fixes += keep_fixes([hit.cell], "{} computes in FP32, beyond float16's range")
+    return Verdict("overflow", f"float16 overflow in the evaluation (inference mode) at {hit.cell or 'the net'}: "
+                   f"{hit.op} {'takes an FP32 input' if hit.cast_input else 'computes a value'} beyond 65504; {gap}",
+                   ev, hit.cell, fixes, on_evaluation=True)
 
 
 def _fp32_fails(horizon, ev: list[str]) -> Verdict:

@@ -1,7 +1,11 @@
 """Fixes, proved: replay each candidate against FP32, rank; then re-check the best on K seeds.
 
 Verification replays a candidate (synced, as many steps as the diagnosis) and calls it
-confirmed when its own verdict is `healthy`. Ranking: confirmed first, then closeness to FP32
+confirmed when its own verdict is `healthy`. A verdict found in the evaluation (`on_evaluation`:
+the inference stage; the training steps the replay checks are fine with or without a fix) is
+verified on the evaluation objective: the candidate's own AMP run trains over the diagnosis's
+horizon (same start and seed) beside the run's FP32 twin course (the same twin: reused), so its
+verdict is `healthy` only when its evaluation no longer trails FP32's. Ranking: confirmed first, then closeness to FP32
 (median relative gradient error), then cost (share of parameters computed in FP32).
 
 The seed check (`diagnose.seeds=K`) trains FP32 and the best fix `seed_steps` steps on each of
@@ -24,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from ampgan import AmpganError
 from ampgan.config.schema import CONF_DIR, GROUPS, Settings, validate
 from ampgan.data import Dataset
+from ampgan.diagnose.horizon import Horizon, run_horizon
 from ampgan.diagnose.pipeline import analyse, reference_for
 from ampgan.diagnose.replay import build_seeded, fp32_twin_settings
 from ampgan.diagnose.statistics import summarize_net
@@ -78,15 +83,23 @@ class Checked:
 
 
 def verify_fixes(cfg: DictConfig, dcfg, fixes: list[Fix], data: Dataset, cache: dict, progress,
-                 steps: int | None = None, start: Path | None = None) -> list[Checked]:
+                 steps: int | None = None, start: Path | None = None, horizon: Horizon | None = None) -> list[Checked]:
+    """`horizon`: the diagnosis's, for a verdict found in the evaluation (each candidate then trains
+    over it and is judged on the evaluation objective); None: the replay alone."""
     out = []
+    twin = repr(fp32_twin_settings(validate(cfg))) if horizon is not None else ""
     for fix in fixes[: dcfg.max_fixes]:
         progress(f"verify: {fix.text}")
         started = time.perf_counter()
         s = validate(apply_overrides(cfg, fix.overrides))
         try:
             ref = reference_for(s, data, steps or dcfg.steps, progress, cache, start)
-            a = analyse(s, dcfg, data, ref, ["synced"], progress, with_locate=False)
+            own = None
+            if horizon is not None:   # the candidate's own course; the run's FP32 twin when it is the same
+                same = repr(fp32_twin_settings(s)) == twin
+                own = run_horizon(s, data, horizon.amp.planned, dcfg, None, horizon.start, 0, progress,
+                                  fp32=horizon.fp32 if same else None)
+            a = analyse(s, dcfg, data, ref, ["synced"], progress, with_locate=False, horizon=own)
         except AmpganError as err:   # e.g. a scaler fix whose state the start's checkpoint does not hold
             progress(f"verify: {fix.text} cannot start from {start}: {err}")
             out.append(Checked(fix, "unverifiable", float("nan"), 0, 0.0, time.perf_counter() - started))

@@ -152,7 +152,8 @@ class TaskBase:
     The loop: `train_step`, `metrics`, `layer_health`, `nonfinite_run`, `evaluate`, pictures.
     Diagnose: `roots()` (the nets by the root name keep-list paths use), `optimised()` (one
     `Optimised` per sub-step name, in `step_inputs` order), `step_inputs()`, `forward(name,
-    inputs)` (the forward passes of one sub-step, for locate's hooks) and the optional hook
+    inputs)` (the forward passes of one sub-step, for locate's hooks) and the optional hooks
+    `eval_forward()` (the evaluation's forward pass, for the inference stage) and
     `penalty(name, inputs)` (a gradient penalty's net and arguments, or None). Nothing outside
     a task asks what kind of model it has.
 
@@ -192,6 +193,12 @@ class TaskBase:
 
     def forward(self, name: str, inputs: tuple) -> None:
         raise NotImplementedError
+
+    def eval_forward(self) -> Callable[[], object] | None:
+        """`run()`: the evaluation's forward pass on one batch of evaluation data, in inference mode
+        (`set_train(False)`: BatchNorm on its moving statistics), for diagnose's inference stage to
+        watch op by op; None (the default): the task has no such pass to watch."""
+        return None
 
     def penalty(self, name: str, inputs: tuple):
         """(root, net, (real, fake, alpha)) of sub-step `name`'s gradient penalty, or None: it has

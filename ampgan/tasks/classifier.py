@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 import mindspore as ms
 import numpy as np
@@ -77,13 +78,32 @@ class ClassifierTask(TaskBase):
         for _, inputs in self.step_inputs():
             self.state.launch(step, inputs, measure)
 
-    def logits(self, x: np.ndarray) -> np.ndarray:
+    @contextlib.contextmanager
+    def inference(self):
+        """The net in inference mode for the block (BatchNorm on its moving statistics)."""
         self.net_amp.set_train(False)
         try:
-            return np.concatenate([self.net_amp(ms.Tensor(c)).asnumpy().astype(np.float64)
-                                   for c in np.array_split(x, max(1, len(x) // 512))])
+            yield self.net_amp
         finally:
             self.net_amp.set_train(True)
+
+    @staticmethod
+    def eval_chunks(x: np.ndarray) -> list[np.ndarray]:
+        """The batches evaluation runs `x` in (about 512 samples each)."""
+        return np.array_split(x, max(1, len(x) // 512))
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        with self.inference() as net:
+            return np.concatenate([net(ms.Tensor(c)).asnumpy().astype(np.float64) for c in self.eval_chunks(x)])
+
+    def eval_forward(self):
+        """The net's inference-mode forward pass on evaluation's first batch of the test set."""
+        x = ms.Tensor(self.eval_chunks(self.data.x_test)[0])
+
+        def run():
+            with self.inference() as net:
+                return net(x)
+        return run
 
     def evaluate(self) -> dict[str, float]:
         """Accuracy and softmax cross-entropy over every prediction: a sample's, or each position's
