@@ -275,3 +275,69 @@ def test_a_scaler_still_halving_through_backward_overflows_is_finding_its_scale_
     assert v.name == "healthy" and any("still finding its scale" in e for e in v.evidence)
     gen.amp_losses = [{"loss": float("inf")}, {"loss": float("inf")}]   # the forward overflows: no scale helps
     assert decide(s, DiagnoseConfig(), fp32_twin(), synced(nets), {}).name == "overflow"
+
+
+# ---------------------------------------------------------------- the inference stage: float16 breaks the evaluation
+def trailing():
+    """AMP learns a little (not 'no progress') where FP32 learns much: it trails."""
+    amp = course("AMP")
+    amp.after = 0.12
+    return horizon(amp, course("FP32"))
+
+
+def evaluated(blames: bool, hit=True):
+    from ampgan.diagnose.inference import Inference
+    from ampgan.diagnose.oplocate import OpHit
+
+    op = OpHit("BatchNorm", "stem.1", (16,), float("inf"), 4.1e5, "zoo.py", 65, cast_input=True) if hit else None
+    return Inference(100, "eval/accuracy", 0.1, 0.12, 0.95 if blames else 0.12, 0.9, blames, op if blames else None,
+                     "BatchNorm2d", True)
+
+
+def test_a_run_trails_fp32_only_when_it_closes_much_less_of_the_gap_and_fp32_learns():
+    dcfg = DiagnoseConfig()
+    assert trailing().amp_trails(dcfg)
+    assert not horizon(course("AMP"), course("FP32")).amp_trails(dcfg)   # both at 0.9
+    stuck = trailing()
+    stuck.fp32.after = 0.1   # FP32 learns nothing either: nothing to trail
+    assert not stuck.amp_trails(dcfg)
+    assert not horizon(course("AMP", 40, "non_finite"), course("FP32")).amp_trails(dcfg)   # the replay's business
+
+
+def test_an_evaluation_that_overflows_in_float16_is_overflow_at_the_ops_cell_with_evaluation_fixes():
+    o3 = validate(compose_cfg("model=classifier", "data=digits", "amp=o3", "scaler=dynamic"))
+    v = decide(o3, DiagnoseConfig(), fp32_twin(), clean(), {}, horizon=trailing(), inference=evaluated(True))
+    assert v.name == "overflow" and v.layer == "stem.1" and v.on_evaluation and v.exit_code == 1
+    assert [f.text for f in v.fixes] == ["amp.keep_fp32=[BatchNorm2d]", "amp=o2", "amp.keep_fp32=[stem.1]"]
+    assert any("BatchNorm in cell stem.1" in e and "FP32 4.1e+05" in e for e in v.evidence)
+    # O2 already keeps BatchNorm in FP32: not offered there
+    o2 = decide(classifier_o2(), DiagnoseConfig(), fp32_twin(), clean(), {}, horizon=trailing(), inference=evaluated(True))
+    assert "amp=o2" not in [f.text for f in o2.fixes]
+    # float16 breaks the evaluation with every op in range: precision, no place claimed, no fix
+    bare = decide(o3, DiagnoseConfig(), fp32_twin(), clean(), {}, horizon=trailing(), inference=evaluated(True, hit=False))
+    assert bare.name == "precision" and bare.layer == "" and not bare.fixes
+
+
+def test_weights_that_evaluate_as_badly_in_fp32_are_never_blamed_on_float16():
+    v = decide(classifier_o2(), DiagnoseConfig(), fp32_twin(), clean(), {}, horizon=trailing(), inference=evaluated(False))
+    assert v.name == "not_reproduced" and not v.on_evaluation and "as badly in FP32" in v.headline
+    # a float16 cause the training replay shows comes first
+    located = Located(1, "train", "forward", "head", float("inf"), 3.0)
+    failing = synced({"train": net_trace("train", [False] * 4)})
+    first = decide(classifier_o2(), DiagnoseConfig(), fp32_twin(), failing, {}, located, horizon=trailing(),
+                   inference=evaluated(True))
+    assert first.name == "overflow" and first.layer == "head" and not first.on_evaluation
+
+
+def test_an_fp32_input_a_float16_op_casts_beyond_65504_is_the_origin_in_inference_mode_only():
+    from ampgan.diagnose.oplocate import OpCall, first_bad_op
+
+    def call(op, cell, dtype, peak, cast_in=0.0):
+        return OpCall(op, cell, 0, (8, 16, 8, 8), dtype, peak, 0, 0, 0, False, True, "zoo.py", 65, cast_in, (16,))
+
+    amp = [call("Conv2D", "stem.0", "Float16", 5112.0), call("BatchNorm", "stem.1", "Float16", 0.009, cast_in=4.1e5)]
+    fp32 = [call("Conv2D", "stem.0", "Float32", 5108.7), call("BatchNorm", "stem.1", "Float32", 8.8)]
+    hit = first_bad_op(amp, fp32, cast_inputs=True)
+    assert (hit.op, hit.cell, hit.shape, hit.fp32_max, hit.cast_input) == ("BatchNorm", "stem.1", (16,), 4.1e5, True)
+    assert not np.isfinite(hit.amp_max) and "FP32 input cast to float16" in hit.describe()
+    assert first_bad_op(amp, fp32) is None   # training passes: BatchNorm's moving statistics are unused inputs
