@@ -34,7 +34,10 @@ origin; what a kernel makes of NaN differs between float16 and FP32) while its o
 more (or, computing in FP32 in a cell kept in FP32, exceeds 65504: cast back to float16 it
 would be inf). The twin's call is matched by (cell path, op name, occurrence index), casts left
 out on both sides (the twin has none of AMP's). Comparing counts with the twin, not with zero,
-leaves the model's own infinities (a -inf attention mask) alone. In the backward phase
+leaves the model's own infinities (a -inf attention mask) alone. In an inference-mode forward
+pass (diagnose's inference stage) a call computing in float16 whose FP32 input exceeds 65504 is
+an origin too: PYNATIVE's AMP casts it down in C++ (inf), as an O3 BatchNorm's moving variance,
+while the call's own output may stay finite (normalised to ~0). In the backward phase
 (`first_bad_gradient`) a tensor hook on each op's output sees the gradient reaching it.
 """
 
