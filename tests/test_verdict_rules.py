@@ -277,6 +277,22 @@ def test_a_scaler_still_halving_through_backward_overflows_is_finding_its_scale_
     assert decide(s, DiagnoseConfig(), fp32_twin(), synced(nets), {}).name == "overflow"
 
 
+
+def test_verify_replays_a_candidate_still_finding_its_scale_until_it_settles_or_fails():
+    """A fix whose replay ended with its scaler still halving has shown nothing: verify replays it for
+    one more step per halving down to scale 1, plus 2 (so it settles or fails: below 1 is not
+    'finding'), instead of calling it confirmed on no finite step."""
+    from ampgan.diagnose.verify import settling_steps
+
+    gen = net_trace("gen", [False, False])
+    gen.scale = [1024.0, 512.0]
+    gen.amp_losses = [{"loss": 0.5}, {"loss": 0.4}]
+    nets = {"critic": net_trace("critic", [True] * 10), "gen": gen}
+    analysis = SimpleNamespace(synced=synced(nets))
+    assert settling_steps(analysis, 2) == 2 + 9 + 2
+    gen.finite[1] = True                               # settled on its second step: judged as it is
+    assert settling_steps(analysis, 2) is None
+
 # ---------------------------------------------------------------- the inference stage: float16 breaks the evaluation
 def trailing():
     """AMP learns a little (not 'no progress') where FP32 learns much: it trails."""

@@ -1,7 +1,11 @@
 """Fixes, proved: replay each candidate against FP32, rank; then re-check the best on K seeds.
 
 Verification replays a candidate (synced, as many steps as the diagnosis) and calls it
-confirmed when its own verdict is `healthy`. A verdict found in the evaluation (`on_evaluation`:
+confirmed when its own verdict is `healthy`. A candidate whose skipping scaler is still finding
+its scale when that replay ends (no finite step yet, only the backward overflowing, the scale
+falling above 1) has shown nothing either way: it is replayed again for as many more steps as
+halving its scale down to 1 takes, plus 2, so it either settles (and is judged on its finite
+steps) or fails. A verdict found in the evaluation (`on_evaluation`:
 the inference stage; the training steps the replay checks are fine with or without a fix) is
 verified on the evaluation objective: the candidate's own AMP run trains over the diagnosis's
 horizon (same start and seed) beside the run's FP32 twin course (the same twin: reused), so its
@@ -93,13 +97,19 @@ def verify_fixes(cfg: DictConfig, dcfg, fixes: list[Fix], data: Dataset, cache: 
         started = time.perf_counter()
         s = validate(apply_overrides(cfg, fix.overrides))
         try:
-            ref = reference_for(s, data, steps or dcfg.steps, progress, cache, start)
+            n = steps or dcfg.steps
+            ref = reference_for(s, data, n, progress, cache, start)
             own = None
             if horizon is not None:   # the candidate's own course; the run's FP32 twin when it is the same
                 same = repr(fp32_twin_settings(s)) == twin
                 own = run_horizon(s, data, horizon.amp.planned, dcfg, None, horizon.start, 0, progress,
                                   fp32=horizon.fp32 if same else None)
             a = analyse(s, dcfg, data, ref, ["synced"], progress, with_locate=False, horizon=own)
+            if (longer := settling_steps(a, n)) is not None:
+                progress(f"verify: {fix.text}: the scaler was still finding its scale after {n} steps; "
+                         f"replaying {longer}")
+                ref = reference_for(s, data, longer, progress, cache, start)
+                a = analyse(s, dcfg, data, ref, ["synced"], progress, with_locate=False, horizon=own)
         except AmpganError as err:   # e.g. a scaler fix whose state the start's checkpoint does not hold
             progress(f"verify: {fix.text} cannot start from {start}: {err}")
             out.append(Checked(fix, "unverifiable", float("nan"), 0, 0.0, time.perf_counter() - started))
@@ -109,6 +119,18 @@ def verify_fixes(cfg: DictConfig, dcfg, fixes: list[Fix], data: Dataset, cache: 
         out.append(Checked(fix, a.verdict.name, rel, sum(x.nonfinite for x in sums), kept_share(a),
                            time.perf_counter() - started))
     return sorted(out, key=lambda c: (not c.confirmed, c.rel_err if np.isfinite(c.rel_err) else 1e9, c.fp32_share))
+
+
+def settling_steps(a, steps: int) -> int | None:
+    """A replay length that lets a scaler still finding its scale settle or fail: the `steps`
+    iterations run, plus one per halving from its last scale down to 1 (a skipped sub-step halves
+    it, and an iteration has at least one), plus 2. None when no net is still finding it."""
+    sums = [summarize_net(t) for t in a.synced.nets.values()]
+    unsettled = [x for x in sums if x.finding_scale]
+    if not unsettled:
+        return None
+    halvings = max(int(np.ceil(np.log2(x.scale_last))) for x in unsettled)
+    return steps + halvings + 2
 
 
 def kept_share(a) -> float:
