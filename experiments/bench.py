@@ -59,6 +59,7 @@ from ampgan.tracking.tracker import MlflowTracker
 from ampgan.training.entry import build_run_tracker
 from ampgan.training.loop import Progress, run_steps, tracked_run
 from experiments.bare_loop import BareClassifier, BareWganGp
+from mindspore import runtime as ms_runtime  # after ampgan.training.hardware (above)
 
 PERIODIC_OFF = ["trainer.eval_every=0", "trainer.checkpoint_every=0", "trainer.print_every=100000",
                 "trainer.max_steps=1000000"]
@@ -71,6 +72,9 @@ TRANSFORMER = [*CLASSIFIER, "model.net._target_=ampgan.models.VisionTransformer"
 LANGUAGE_MODEL = ["model=lm", "trainer=classifier", "trainer.batch_size=64", *PERIODIC_OFF]
 O2_DYNAMIC = ["amp=o2", "scaler=dynamic"]
 LIKE_BARE = ["trainer.grad_health=false", "tracking=none"]  # what the bare loops leave out
+
+HOST_CYCLE = TrainerConfig.log_every   # a host block's steps: whole cycles of the default log cadence
+HOST_ROUNDS = 10   # about this many rounds (at least) also time a synced host block (StepClock.synced)
 
 # The issue's targets: the most a feature (or ampgan itself) may cost, as a ratio over its baseline.
 TARGET_AMPGAN_VS_BARE = 1.02
@@ -167,20 +171,32 @@ def settings_for(overrides: list[str], device: str) -> Settings:
 
 
 class StepClock:
-    """Seconds spent inside compiled step calls (a jitted call on CPU returns when its graph has run).
+    """Seconds spent inside compiled step calls.
 
     A loop's wall time minus this is its host time: everything the loop does in Python around the
     steps (batches, inputs, statuses, bookkeeping, logging). The bench wraps the steps of a built
-    runner from outside (`wrap`); nothing in ampgan's own classes is timed."""
+    runner from outside (`wrap`); nothing in ampgan's own classes is timed.
+
+    `synced`: each call is followed by `mindspore.runtime.synchronize()` inside the timing, so a
+    step's time holds all of its graph. A jitted call on CPU can return while its graph's last
+    kernels still run (measured on the vision transformer: a fetch right after the call waits up
+    to 4 ms in 1 call of 10, 0.2 ms after a 5 ms sleep); unsynced, that tail is counted as host
+    time by whichever fetch waits for it, and a loop that fetches every 10 steps is charged it
+    10 times as often as one that fetches every 100. The host figures come from synced blocks;
+    the ratios from unsynced ones (the loops as they run)."""
 
     def __init__(self):
         self.seconds = 0.0
+        self.synced = False
 
     def wrap(self, fn: Callable) -> Callable:
         def timed(*args, **kwargs):
             started = time.perf_counter()
             try:
-                return fn(*args, **kwargs)
+                out = fn(*args, **kwargs)
+                if self.synced:
+                    ms_runtime.synchronize()
+                return out
             finally:
                 self.seconds += time.perf_counter() - started
 
@@ -222,6 +238,13 @@ class AmpganRunner:
         run_steps(self.task, self.tracker, self.settings.trainer, self.run_dir, steps, self.progress)
         self.step += iterations
 
+    def align(self, cycle: int) -> None:
+        """Number the next block's steps from a multiple of `cycle` plus 1, so that a block of whole
+        cycles fetches the statuses once a cycle, at its end, as a run does (a block that ends
+        between two fetches has its pending statuses fetched when `run_steps` returns: an extra
+        fetch a real run does not make). Only the step numbers move; nothing is trained twice."""
+        self.step += (1 - self.step) % cycle
+
     def close(self) -> None:
         self.tracker.finish("FINISHED")
 
@@ -245,6 +268,18 @@ def _bare_classifier(s: Settings, data: Dataset) -> BareClassifier:
     return BareClassifier(data.x_train, data.y_train, make_net=make_net,
                           batch_size=s.trainer.batch_size, lr=m.lr, betas=tuple(m.betas), amp_level=s.amp.level,
                           init_scale=sc.init_scale, factor=sc.factor, window=sc.window, seed=s.trainer.seed)
+
+
+def _timed_block(runner, iterations: int) -> tuple[float, float]:
+    """Run one block; (wall seconds, host seconds) per iteration (host: wall minus the clocked steps,
+    0 for a runner without a clock)."""
+    clock = getattr(runner, "clock", None)
+    in_steps = clock.seconds if clock is not None else 0.0
+    started = time.perf_counter()
+    runner.run(iterations)
+    wall = time.perf_counter() - started
+    steps = clock.seconds - in_steps if clock is not None else wall
+    return wall / iterations, (wall - steps) / iterations
 
 
 # model.name -> its bare loop (the language model is a classifier over every position of a window)
@@ -289,23 +324,37 @@ class Comparison:
         self.times = {label: [] for label in runners}
         self.host = {label: [] for label in runners if hasattr(runners[label], "clock")}
         labels = list(runners)
+        host_every = max(1, rounds // HOST_ROUNDS)
         for r in range(rounds):
             for label in labels if r % 2 == 0 else labels[::-1]:
                 runner = runners[label]
-                in_steps = runner.clock.seconds if label in self.host else 0.0
-                t = time.perf_counter()
-                runner.run(self.iterations)
-                wall = time.perf_counter() - t
-                self.times[label].append(wall / self.iterations)
-                if label in self.host:
-                    self.host[label].append((wall - (runner.clock.seconds - in_steps)) / self.iterations)
+                self.times[label].append(_timed_block(runner, self.iterations)[0])
+            if self.host_rows and r % host_every == 0:   # one synced block each, for the host time
+                for label in labels if (r // host_every) % 2 == 0 else labels[::-1]:
+                    runner = runners[label]
+                    if hasattr(runner, "align"):
+                        runner.align(HOST_CYCLE)
+                    runner.clock.synced = True
+                    self.host[label].append(_timed_block(runner, self.host_iterations)[1])
+                    runner.clock.synced = False
         for runner in runners.values():
             runner.close()
+
+    @property
+    def host_iterations(self) -> int:
+        """A host block: whole cycles of the default log cadence (at least one), so that ampgan's
+        loop fetches as often in it as in a real run (once a cycle, at its end: `AmpganRunner.align`)."""
+        return HOST_CYCLE * -(-self.iterations // HOST_CYCLE)
+
+    @property
+    def host_rows(self) -> bool:
+        """Whether this comparison reports host time: against bare, every variant's steps clocked."""
+        return self.baseline == "bare" and set(self.host) == set(self.times)
 
     def rows(self) -> list[dict]:
         base = self.times[self.baseline]
         rows = [ratio_row(self.name, label, ts, base, self.baseline, self.target) for label, ts in self.times.items()]
-        if self.baseline == "bare" and set(self.host) == set(self.times):
+        if self.host_rows:
             for row in rows:
                 row.update(host_row(self.host[row["variant"]], self.host[self.baseline],
                                     TARGET_HOST_US if row["variant"] != self.baseline else None))

@@ -1,15 +1,17 @@
 """The bench's statistics: the bootstrap interval of the median ratio and the verdict against a target.
 
-Pure NumPy: nothing here builds or runs a net.
+Nothing here builds or runs a net.
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import pytest
 
 from ampgan.steps.common import Step
-from experiments.bench import StepClock, bootstrap_ci, host_row, ratio_row, verdict
+from experiments.bench import HOST_CYCLE, HOST_ROUNDS, AmpganRunner, Comparison, StepClock, bootstrap_ci, host_row, ratio_row, verdict
 
 
 def test_identical_ratios_give_a_zero_width_interval_at_their_value():
@@ -98,3 +100,45 @@ def test_the_step_clock_counts_time_inside_both_variants_even_one_built_later():
     single = Step(fn=work("only"), loss_names=("loss",), weights=())
     clock.wrap_step(single)
     assert single.plain is single.fn and single.launch(measure=False) == "only"
+
+
+def test_host_time_comes_from_synced_blocks_and_the_ratio_from_the_loops_as_they_run():
+    """Against bare, each round times one unsynced block per variant (the ratio) and then one synced
+    block each (StepClock.synced: a step's graph tail counted in the step), for the host time."""
+
+    class Runner:
+        def __init__(self, host_s: float, tail_s: float):
+            self.clock, self.blocks, self.host_s, self.tail_s = StepClock(), [], host_s, tail_s
+
+        def run(self, iterations: int) -> None:
+            self.blocks.append((self.clock.synced, iterations))
+            # unsynced, the step's tail lands in host time (a fetch waits for it); synced, in the step's
+            step = self.clock.wrap(lambda: time.sleep(0.002 + (self.tail_s if self.clock.synced else 0.0)))
+            for _ in range(iterations):
+                step()
+                time.sleep(self.host_s + (0.0 if self.clock.synced else self.tail_s))
+
+        def close(self) -> None: ...
+
+    made = {"bare": Runner(0.001, 0.0), "ampgan": Runner(0.001, 0.004)}
+    c = Comparison("c", {k: (lambda r=r: r) for k, r in made.items()}, "bare", iterations=2)
+    c.measure(repeats=3)
+    # warm-up, then per round an unsynced block and a synced one of a whole log cadence
+    assert made["ampgan"].blocks == [(False, 2)] + [(False, 2), (True, HOST_CYCLE)] * 3
+    assert HOST_ROUNDS >= 3   # so 3 rounds each take a host block
+    assert len(c.times["ampgan"]) == len(c.host["ampgan"]) == 3
+    many = Comparison("c", {k: (lambda r=r: r) for k, r in made.items()}, "bare", iterations=1)
+    many.measure(repeats=3 * HOST_ROUNDS)   # long comparisons: about HOST_ROUNDS host blocks, spread out
+    assert len(many.times["ampgan"]) == 3 * HOST_ROUNDS and len(many.host["ampgan"]) == HOST_ROUNDS
+    row = next(r for r in c.rows() if r["variant"] == "ampgan")
+    assert row["host_beyond_us"] < 2500        # the 4 ms tail is the step's, not host time
+    assert row["ratio"] > 1.0                  # the loops as they ran: ampgan's tail made it slower
+
+
+def test_a_host_block_of_ampgans_loop_starts_its_step_numbers_after_a_whole_log_cadence():
+    """So that it fetches once a cycle, at its end, as a run does (no extra fetch when run_steps returns)."""
+    runner = AmpganRunner.__new__(AmpganRunner)   # align() moves step numbers only: nothing built
+    for first, aligned in ((1, 1), (2, 11), (10, 11), (11, 11), (12, 21)):
+        runner.step = first
+        runner.align(10)
+        assert runner.step == aligned
