@@ -357,3 +357,17 @@ def test_an_fp32_input_a_float16_op_casts_beyond_65504_is_the_origin_in_inferenc
     assert (hit.op, hit.cell, hit.shape, hit.fp32_max, hit.cast_input) == ("BatchNorm", "stem.1", (16,), 4.1e5, True)
     assert not np.isfinite(hit.amp_max) and "FP32 input cast to float16" in hit.describe()
     assert first_bad_op(amp, fp32) is None   # training passes: BatchNorm's moving statistics are unused inputs
+
+
+def test_halving_while_finding_the_scale_is_not_an_oscillating_scale():
+    """A dynamic scaler that halves through its first skipped steps and then holds: the changes before
+    its first finite step are finding the scale, not oscillation (verify's settling replays have many)."""
+    s = wgan_dynamic()
+    gen = net_trace("gen", [False] * 8 + [True] * 7)
+    gen.scale = [2.0 ** (16 - min(i, 8)) for i in range(15)]
+    nets = {"critic": net_trace("critic", [True] * 75), "gen": gen}
+    assert decide(s, DiagnoseConfig(), fp32_twin(), synced(nets), {}).name == "healthy"
+    gen.scale = [2.0 ** (8 + i % 2) for i in range(15)]     # after settling, up and down every step
+    gen.finite, gen.applied = [True] * 15, [True] * 15
+    gen.compare = [net_trace("gen", [True]).compare[0]] * 15
+    assert decide(s, DiagnoseConfig(), fp32_twin(), synced(nets), {}).name == "scaler"

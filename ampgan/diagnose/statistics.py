@@ -45,7 +45,7 @@ class NetSummary:
     lost_norm_max: float
     scale_first: float
     scale_last: float
-    scale_changes: int
+    scale_changes: int         # changes of the loss scale from the first finite sub-step on (finding it is not oscillating)
     settled_at: int | None     # the first finite sub-step (None: none was finite)
     nonfinite_after: int       # non-finite sub-steps after it
     first_failure: int | None  # iteration of the first non-finite sub-step after it (of the first, if none settled)
@@ -82,7 +82,7 @@ def summarize_net(t: NetTrace) -> NetSummary:
     scale = np.array(t.scale)
     return NetSummary(t.net, len(t.finite), int((~ok).sum()), int((~np.array(t.applied, bool)).sum()),
                       float(np.median(rel)), float(np.max(rel)), float(np.max(lost)),
-                      float(scale[0]), float(scale[-1]), int((np.diff(scale) != 0).sum()),
+                      float(scale[0]), float(scale[-1]), int((np.diff(scale[settled or 0:]) != 0).sum()),
                       settled, int(len(after)) if settled is not None else 0, first_failure,
                       sum(not all(np.isfinite(v) for v in losses.values()) for losses in t.amp_losses))
 
