@@ -272,10 +272,30 @@ def test_a_scaler_still_halving_through_backward_overflows_is_finding_its_scale_
     gen.amp_losses = [{"loss": 0.5}, {"loss": 0.4}]
     nets = {"critic": net_trace("critic", [True] * 10), "gen": gen}
     v = decide(s, DiagnoseConfig(), fp32_twin(), synced(nets), {})
-    assert v.name == "healthy" and any("still finding its scale" in e for e in v.evidence)
+    assert v.name != "overflow" and any("still finding its scale" in e for e in v.evidence)
     gen.amp_losses = [{"loss": float("inf")}, {"loss": float("inf")}]   # the forward overflows: no scale helps
     assert decide(s, DiagnoseConfig(), fp32_twin(), synced(nets), {}).name == "overflow"
 
+
+
+def test_a_net_still_finding_its_scale_is_never_called_healthy_without_the_horizon():
+    """Horizon off, the generator's scaler still halving when the replay ended: none of its steps was
+    compared with FP32, and nothing shows how the run goes once the scale is found. Not 'healthy'
+    (as it was, with 'AMP tracks FP32' read off the critic alone) but not_reproduced, with the
+    replay length that lets the scale settle; with the horizon the horizon judges, and says so."""
+    s = wgan_dynamic()
+    gen = net_trace("gen", [False, False])
+    gen.scale = [1024.0, 512.0]
+    gen.amp_losses = [{"loss": 0.5}, {"loss": 0.4}]
+    nets = {"critic": net_trace("critic", [True] * 10), "gen": gen}
+    v = decide(s, DiagnoseConfig(), fp32_twin(iterations=2), synced(nets), {})
+    assert v.name == "not_reproduced" and "gen" in v.headline and "found its scale" in v.headline
+    assert any("diagnose.steps=13" in e for e in v.evidence)   # 2 + 9 halvings from 512 to 1 + 2
+    clean_course = horizon(course("AMP"), course("FP32"))
+    v = decide(s, DiagnoseConfig(), fp32_twin(iterations=2), synced(nets), {}, horizon=clean_course)
+    assert v.name == "healthy" and "gen: still finding its scale there, judged by the horizon" in v.headline
+    gen.finite[1] = True                                  # settled on its second step: compared, and tracking
+    assert decide(s, DiagnoseConfig(), fp32_twin(iterations=2), synced(nets), {}).name == "healthy"
 
 
 def test_verify_replays_a_candidate_still_finding_its_scale_until_it_settles_or_fails():

@@ -57,6 +57,11 @@ class NetSummary:
         a skipping scaler still finding its scale when the replay ended."""
         return self.settled_at is None and not self.loss_nonfinite and 1.0 < self.scale_last < self.scale_first
 
+    @property
+    def halvings_to_settle(self) -> int:
+        """Halvings of a scale still being found down to 1 (a skipped sub-step halves it); 0 when settled."""
+        return int(np.ceil(np.log2(self.scale_last))) if self.finding_scale else 0
+
     def failing(self, skips: bool, skip_tol: float) -> bool:
         """Does this net fail? Without skipping, any non-finite step. A scaler that skips may spend
         its first steps finding its scale: it fails when more than `skip_tol` of the steps have a
@@ -70,6 +75,14 @@ class NetSummary:
         if self.settled_at is None:
             return not self.finding_scale
         return self.nonfinite_after / max(self.substeps - self.settled_at, 1) > skip_tol
+
+
+def settling_steps(sums, steps: int) -> int | None:
+    """A replay length that lets every scaler still finding its scale settle or fail: the `steps`
+    iterations run, plus one per halving from its last scale down to 1 (an iteration has at least
+    one sub-step), plus 2. None when no net (`sums`: NetSummary) is still finding it."""
+    halvings = max((x.halvings_to_settle for x in sums if x.finding_scale), default=None)
+    return None if halvings is None else steps + halvings + 2
 
 
 def summarize_net(t: NetTrace) -> NetSummary:

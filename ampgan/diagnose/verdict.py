@@ -47,7 +47,7 @@ import numpy as np
 
 from ampgan.config.schema import Settings
 from ampgan.diagnose.ranges import ScaleFit, merge_fits
-from ampgan.diagnose.statistics import layer_rows, summarize_net
+from ampgan.diagnose.statistics import layer_rows, settling_steps, summarize_net
 
 NO_AMP_FIX = ("healthy", "not_amp", "framework", "not_reproduced")   # verdicts that offer no float16 fix to search for
 EXIT_CODES = {"healthy": 0, "not_amp": 3, "not_reproduced": 4}   # every other verdict: 1 (an AMP problem, fix printed)
@@ -221,7 +221,8 @@ def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=N
                        _scale_fixes(s, common) + [Fix(["scaler=underflow_aware"], "raises the scale when gradients sit "
                                                        "in float16's subnormal range")]
                        + keep_fixes([cell_of(worst_lost["param"], roots)], "that layer in FP32"))
-    rel = max(x.rel_err_median for x in sums.values())   # finite: a NaN made its net fail above
+    # finite: a NaN made its net fail above, except for a net still finding its scale (none compared)
+    rel = max((x.rel_err_median for x in sums.values() if not x.finding_scale), default=float("nan"))
     if rel > dcfg.rel_tol:
         norms = {}
         for r in rows:
@@ -252,7 +253,17 @@ def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=N
     unreached = _unreached(horizon, run_failed_at, ref)
     if unreached:
         return Verdict("not_reproduced", unreached[0], ev + unreached[1:])
-    tracks = f"AMP tracks FP32: median relative gradient error {rel:.3g} <= {dcfg.rel_tol}"
+    unsettled = [n for n, x in sums.items() if x.finding_scale]
+    tracks = (f"AMP tracks FP32: median relative gradient error {rel:.3g} <= {dcfg.rel_tol}" if np.isfinite(rel)
+              else "no AMP step finite in the lockstep replay to compare with FP32")
+    if unsettled:
+        tracks += f" ({', '.join(unsettled)}: still finding its scale there, judged by the horizon)"
+    if horizon is None and unsettled:   # nothing shows how the run goes once its scale is found
+        done = ref.steps[-1].iteration
+        return Verdict("not_reproduced", f"the replay ended before the scaler of {', '.join(unsettled)} found its "
+                       f"scale: no finite AMP step of it was compared with FP32 in {done} replayed steps", ev
+                       + [f"how to get there: a replay long enough for the scale to settle (diagnose.steps="
+                          f"{settling_steps(sums.values(), done)}), or the horizon on (diagnose.horizon)"])
     if horizon is None:
         return Verdict("healthy", tracks + f" over {ref.steps[-1].iteration} replayed steps (diagnose.horizon=0: "
                        "whether the run trains was not checked)", ev)

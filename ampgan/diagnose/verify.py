@@ -35,6 +35,7 @@ from ampgan.data import Dataset
 from ampgan.diagnose.horizon import Horizon, run_horizon
 from ampgan.diagnose.pipeline import analyse, reference_for
 from ampgan.diagnose.replay import build_seeded, fp32_twin_settings
+from ampgan.diagnose import statistics
 from ampgan.diagnose.statistics import summarize_net
 from ampgan.diagnose.verdict import Fix
 from ampgan.tracking.tracker import NullTracker
@@ -122,15 +123,8 @@ def verify_fixes(cfg: DictConfig, dcfg, fixes: list[Fix], data: Dataset, cache: 
 
 
 def settling_steps(a, steps: int) -> int | None:
-    """A replay length that lets a scaler still finding its scale settle or fail: the `steps`
-    iterations run, plus one per halving from its last scale down to 1 (a skipped sub-step halves
-    it, and an iteration has at least one), plus 2. None when no net is still finding it."""
-    sums = [summarize_net(t) for t in a.synced.nets.values()]
-    unsettled = [x for x in sums if x.finding_scale]
-    if not unsettled:
-        return None
-    halvings = max(int(np.ceil(np.log2(x.scale_last))) for x in unsettled)
-    return steps + halvings + 2
+    """`statistics.settling_steps` of analysis `a`'s synced replay: None when every scaler settled."""
+    return statistics.settling_steps([summarize_net(t) for t in a.synced.nets.values()], steps)
 
 
 def kept_share(a) -> float:
