@@ -582,14 +582,15 @@ def drop_page_cache() -> bool:
 def startup(store_dir: Path, device: str, rounds: int) -> list[dict]:
     """Command to first finished step, ampgan beside bare MindSpore's floor, in paired rounds.
 
-    A round runs ampgan's default command (2 steps, as a run of any length starts: the first step
-    plain, the second one measuring) and then the floor, `python -m experiments.bare_loop` (the
+    A pair is ampgan's default command (2 steps, as a run of any length starts: the first step
+    plain, the second one measuring) and the floor, `python -m experiments.bare_loop` (the
     default run's WGAN-GP trained by hand, from its process's start to its first finished
-    iteration): first both cold (the page cache dropped before each, where allowed), then both warm.
-    Pairing ampgan with the floor round by round cancels the machine's drift between rounds; the
-    figure is the median of the rounds' differences, with its bootstrap interval. Each ampgan run
-    also logs its own split (startup/*). Without the right to drop the page cache only the first
-    round's pair is cold (the first runs of the bench), and it is labelled so.
+    iteration). First `rounds` cold pairs, the page cache dropped before each run (where allowed:
+    otherwise only the bench's very first pair counts as cold); then one untimed warm-up of each,
+    so that no warm run reads what a cold run's dropped cache evicted; then `rounds` warm pairs,
+    in alternating order. Pairing cancels the machine's drift between rounds: the figure is the
+    median of the pairs' differences, with its bootstrap interval. Each ampgan run also logs its
+    own split (startup/*).
     """
     from mlflow.tracking import MlflowClient
 
@@ -597,25 +598,37 @@ def startup(store_dir: Path, device: str, rounds: int) -> list[dict]:
     MlflowTracker(uri, "startup")  # create the store outside the timed runs
     env = {**os.environ, "AMPGAN_OUTPUTS": str(store_dir), "GLOG_v": "3"}
     root = Path(__file__).resolve().parents[1]
-    cmd = [sys.executable, "-m", "ampgan.train", "trainer.max_steps=2", "trainer.eval_samples=100",
-           f"tracking.uri={uri}", "tracking.experiment=startup", f"hardware={device.lower()}"]
+
+    def ampgan(experiment: str = "startup") -> float:
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "ampgan.train", "trainer.max_steps=2", "trainer.eval_samples=100",
+                        f"tracking.uri={uri}", f"tracking.experiment={experiment}", f"hardware={device.lower()}"],
+                       env=env, check=True, capture_output=True)
+        return time.perf_counter() - t
+
+    def bare() -> float:
+        out = subprocess.run([sys.executable, "-m", "experiments.bare_loop"], env=env, check=True,
+                             capture_output=True, text=True, cwd=root).stdout.splitlines()[-1]
+        return json.loads(out)["to_first_step_s"]
+
     walls, floors, temps = [], [], []
-    dropped = False
+    dropped = drop_page_cache()
+    for _ in range(rounds if dropped else 1):
+        if temps:
+            drop_page_cache()
+        walls.append(ampgan())
+        drop_page_cache()
+        floors.append(bare())
+        temps.append("cold")
+    ampgan("startup_warmup"), bare()
     for r in range(rounds):
-        for temp in ("cold", "warm"):
-            cold = temp == "cold"
-            if cold and r > 0 and not dropped:
-                continue   # a cold run needs a dropped page cache, except the bench's very first runs
-            dropped = (drop_page_cache() if cold else dropped)
-            t = time.perf_counter()
-            subprocess.run(cmd, env=env, check=True, capture_output=True)
-            walls.append(time.perf_counter() - t)
-            if cold:
-                drop_page_cache()
-            out = subprocess.run([sys.executable, "-m", "experiments.bare_loop"], env=env, check=True,
-                                 capture_output=True, text=True, cwd=root).stdout.splitlines()[-1]
-            floors.append(json.loads(out)["to_first_step_s"])
-            temps.append(temp)
+        if r % 2:
+            floors.append(bare())
+            walls.append(ampgan())
+        else:
+            walls.append(ampgan())
+            floors.append(bare())
+        temps.append("warm")
     client = MlflowClient(uri)
     runs = sorted(client.search_runs([client.get_experiment_by_name("startup").experiment_id]),
                   key=lambda run: run.info.start_time)
