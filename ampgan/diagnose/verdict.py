@@ -221,8 +221,9 @@ def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=N
                        _scale_fixes(s, common) + [Fix(["scaler=underflow_aware"], "raises the scale when gradients sit "
                                                        "in float16's subnormal range")]
                        + keep_fixes([cell_of(worst_lost["param"], roots)], "that layer in FP32"))
-    # finite: a NaN made its net fail above, except for a net still finding its scale (none compared)
-    rel = max((x.rel_err_median for x in sums.values() if not x.finding_scale), default=float("nan"))
+    unsettled = [n for n, x in sums.items() if x.finding_scale]   # no finite AMP step: none compared with FP32
+    # finite: a NaN made its net fail above, except for a net still finding its scale
+    rel = max((x.rel_err_median for n, x in sums.items() if n not in unsettled), default=float("nan"))
     if rel > dcfg.rel_tol:
         norms = {}
         for r in rows:
@@ -253,17 +254,16 @@ def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=N
     unreached = _unreached(horizon, run_failed_at, ref)
     if unreached:
         return Verdict("not_reproduced", unreached[0], ev + unreached[1:])
-    unsettled = [n for n, x in sums.items() if x.finding_scale]
-    tracks = (f"AMP tracks FP32: median relative gradient error {rel:.3g} <= {dcfg.rel_tol}" if np.isfinite(rel)
-              else "no AMP step finite in the lockstep replay to compare with FP32")
-    if unsettled:
-        tracks += f" ({', '.join(unsettled)}: still finding its scale there, judged by the horizon)"
     if horizon is None and unsettled:   # nothing shows how the run goes once its scale is found
         done = ref.steps[-1].iteration
         return Verdict("not_reproduced", f"the replay ended before the scaler of {', '.join(unsettled)} found its "
                        f"scale: no finite AMP step of it was compared with FP32 in {done} replayed steps", ev
                        + [f"how to get there: a replay long enough for the scale to settle (diagnose.steps="
                           f"{settling_steps(sums.values(), done)}), or the horizon on (diagnose.horizon)"])
+    tracks = (f"AMP tracks FP32: median relative gradient error {rel:.3g} <= {dcfg.rel_tol}" if np.isfinite(rel)
+              else "no AMP step finite in the lockstep replay to compare with FP32")
+    if unsettled:
+        tracks += f" ({', '.join(unsettled)}: still finding its scale there, judged by the horizon)"
     if horizon is None:
         return Verdict("healthy", tracks + f" over {ref.steps[-1].iteration} replayed steps (diagnose.horizon=0: "
                        "whether the run trains was not checked)", ev)
