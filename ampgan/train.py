@@ -36,6 +36,5 @@ def main(cfg: DictConfig) -> float:
 
 if __name__ == "__main__":
     from ampgan.config.preflight import run_checked
-    from ampgan.training.entry import prestart_tracking
 
-    run_checked(main, composed=prestart_tracking)
+    run_checked(main)

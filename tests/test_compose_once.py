@@ -82,17 +82,3 @@ def test_a_sweep_and_a_bad_override_still_go_their_ways(counted, monkeypatch, ca
     monkeypatch.setattr(sys, "argv", ["train.py", "--cfg", "job", "trainer.seed=7"])
     preflight.run_checked(record)
     assert not SEEN and "seed: 7" in capsys.readouterr().out
-
-
-def test_a_single_run_is_shown_composed_before_validation_and_a_sweep_is_not(counted, monkeypatch):
-    """`composed` (the trainer starts its tracking helper there) sees a single run's config after the
-    composition and before validation refuses anything; never a sweep's jobs."""
-    seen = []
-    monkeypatch.setattr(sys, "argv", ["train.py", "trainer.max_steps=-1"])   # composes, then fails validation
-    with pytest.raises(SystemExit) as stop:
-        preflight.run_checked(record, composed=lambda cfg: seen.append(cfg.trainer.max_steps))
-    assert stop.value.code == 2 and seen == [-1] and not SEEN
-
-    monkeypatch.setattr(sys, "argv", ["train.py", "-m", "trainer.seed=1,2", "trainer.max_steps=1", "tracking=none"])
-    assert not preflight.check(sys.argv[1:], run=record.__wrapped__, composed=lambda cfg: seen.append(cfg))
-    assert seen == [-1]

@@ -73,16 +73,13 @@ def check_environment(environ=os.environ) -> None:
 
 
 def check(argv: list[str], config_name: str = "train", extra: Extra | None = None,
-          run: Callable[[DictConfig], object] | None = None, job_name: str | None = None,
-          composed: Extra | None = None) -> bool:
+          run: Callable[[DictConfig], object] | None = None, job_name: str | None = None) -> bool:
     """Raise AmpganError for the first bad override or job in `argv` (Hydra's CLI words).
 
     `run` (a `@hydra.main` function's own body, `job_name` its Hydra job name): a single run is
     run here, on the very config the check composed, as Hydra's run would run it: the config is
     composed once. Returns whether it ran; a sweep, `--cfg`, `--help`, `--config-dir` or
-    `--config-path` is left to Hydra's own entry (False). `composed(cfg)` sees a single run's
-    config once it is composed, before it is validated (whose imports are the check's slow part):
-    it may start work that overlaps them, and must not fail."""
+    `--config-path` is left to Hydra's own entry (False)."""
     check_environment()
     args = _parse_args(argv)
     if args.help or args.hydra_help or args.info or args.shell_completion or args.cfg:
@@ -99,7 +96,7 @@ def check(argv: list[str], config_name: str = "train", extra: Extra | None = Non
         run = None
     name = args.config_name or config_name
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name=job_name or "app"):
-        preflight = _Preflight(name, overrides, args.multirun, extra, dirs, composed if run is not None else None)
+        preflight = _Preflight(name, overrides, args.multirun, extra, dirs)
         preflight.run()
         if run is None or preflight.job is None:
             return False
@@ -109,14 +106,13 @@ def check(argv: list[str], config_name: str = "train", extra: Extra | None = Non
         return True
 
 
-def run_checked(main: Callable[[], object], config_name: str = "train", extra: Extra | None = None,
-                composed: Extra | None = None) -> None:
+def run_checked(main: Callable[[], object], config_name: str = "train", extra: Extra | None = None) -> None:
     """Pre-check sys.argv, then run the `@hydra.main` function `main`: a single run on the config
-    the check composed (`composed`: see `check`), anything else through `main`'s own Hydra entry."""
+    the check composed, anything else through `main`'s own Hydra entry."""
     from ampgan.config.hydra_compat import task_name
 
     try:
-        ran = check(sys.argv[1:], config_name, extra, run=main.__wrapped__, job_name=task_name(main), composed=composed)
+        ran = check(sys.argv[1:], config_name, extra, run=main.__wrapped__, job_name=task_name(main))
     except AmpganError as err:
         sys.exit(report_error(err))
     if not ran:
@@ -178,9 +174,8 @@ def _check_slurm_workers(launcher: DictConfig, settings: list[Settings]) -> None
 
 class _Preflight:
     def __init__(self, config_name: str, overrides: list[str], multirun: bool, extra: Extra | None,
-                 dirs: list[Path] | None = None, composed: Extra | None = None):
+                 dirs: list[Path] | None = None):
         self.config_name, self.overrides, self.multirun, self.extra = config_name, overrides, multirun, extra
-        self.composed = composed  # told a single run's composed config before it is validated
         self.dirs = dirs or [CONF_DIR]   # the config folders Hydra searches: conf/, then a --config-dir
         self.hydra = GlobalHydra.instance().hydra
         self.parser = OverridesParser.create(config_loader=self.hydra.config_loader)
@@ -198,8 +193,6 @@ class _Preflight:
             if any(ov.is_sweep_override() for ov in self._parse(self.overrides)):
                 self._compose(self.overrides, RunMode.RUN)  # raises Hydra's "needs --multirun", explained
             self.job = self._as_run(primary)
-            if self.composed is not None:
-                self.composed(primary)
             with open_dict(primary):
                 del primary["hydra"]
             self._check_cfg(primary, [])

@@ -16,17 +16,10 @@ next run on the store) cannot deliver. The helper marks what the store confirmed
 When the trainer dies, the helper reads the end of its input and exits; the run stays RUNNING
 until sync or the next run ends it, as for a run tracked in process. A store that fails the
 start (unreachable, refused) raises AmpganError at the trainer's next tracker call.
-
-The helper can start before its run is known (`prestart`, as soon as the command is composed):
-it imports MLflow and waits for its set-up, the first line of its input. A command's imports
-run on one core, so the helper's own (its heaviest part) take the idle one, not the compile's.
-A helper that no run adopts reads the end of its input (`release_standby`, or this process's
-exit) and exits without touching the store.
 """
 
 from __future__ import annotations
 
-import atexit
 import json
 import logging
 import os
@@ -62,7 +55,9 @@ class BackgroundTracker:
                  "run_dir": str(self.run_dir) if self.run_dir else None,
                  "owner": this_process(),
                  "command_started": time.time() - process_age()}
-        self._proc = _take_standby() or _spawn()
+        self._proc = subprocess.Popen([sys.executable, "-m", "ampgan.tracking.helper", json.dumps(setup)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                      start_new_session=True)  # Ctrl-C reaches the trainer only: it ends the run
         self._replies: queue.Queue = queue.Queue()
         self._reader = threading.Thread(target=self._read, name="ampgan-tracking-helper", daemon=True)
         self._reader.start()
@@ -72,7 +67,6 @@ class BackgroundTracker:
         self._raised = False
         self._gone = False         # the helper exited or its input broke
         self._journal: Journal | None = None
-        self._send("setup", **setup)
 
     # -- the helper's output: replies for the trainer, its warnings into the trainer's log ------
     def _read(self) -> None:
@@ -217,42 +211,6 @@ class BackgroundTracker:
         return self._journal.lines if self._journal is not None else 0
 
 
-_standby: subprocess.Popen | None = None  # a helper started ahead of its run (prestart)
-
-
-def _spawn() -> subprocess.Popen:
-    """A helper process, waiting for its set-up on its input."""
-    return subprocess.Popen([sys.executable, "-m", "ampgan.tracking.helper"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)  # Ctrl-C reaches the trainer only: it ends the run
-
-
-def prestart() -> None:
-    """Start this process's next helper now, before its run is known; the next BackgroundTracker adopts it.
-    Not adopted by this process's exit (a refused config, an error before the run), it is stopped then."""
-    global _standby
-    if _standby is None or _standby.poll() is not None:
-        _standby = _spawn()
-        atexit.register(release_standby)
-
-
-def _take_standby() -> subprocess.Popen | None:
-    global _standby
-    proc, _standby = _standby, None
-    return proc if proc is not None and proc.poll() is None else None
-
-
-def release_standby() -> None:
-    """Stop a prestarted helper that no run will adopt. It has not opened the store yet (that waits for
-    its set-up), so it is killed: it may still be importing, and need not outlive this command."""
-    proc = _take_standby()
-    if proc is not None:
-        proc.kill()
-        proc.wait()
-        for pipe in (proc.stdin, proc.stdout):
-            pipe.close()
-
-
 class _SentMarker:
     """The helper's side of the trainer's journal: it writes no line, only how many are confirmed sent."""
 
@@ -345,9 +303,9 @@ def _try_image(tracker: MlflowTracker, msg: dict) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if argv or sys.stdin.isatty():
+    if len(argv) != 1:
         return report_error("python -m ampgan.tracking.helper is started by the trainer (BackgroundTracker), "
-                            "which writes its set-up to its input; it is not a command to run by hand")
+                            "with its set-up as one JSON argument; it is not a command to run by hand")
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the trainer handles signals and then ends the run here
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     out = os.fdopen(os.dup(1), "w", buffering=1)  # replies; anything else printed goes to stderr
@@ -366,16 +324,7 @@ def main(argv: list[str]) -> int:
     root.handlers[:] = [_ReplyHandler(reply)]
     root.setLevel(logging.INFO)
     root.propagate = False
-    # the heaviest part of the helper's start, done while it waits: MLflow's client and its SQL store
-    import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
-    import mlflow.tracking  # noqa: F401
-
-    first = sys.stdin.readline()
-    if not first:   # released: no run for this helper
-        return 0
-    setup = json.loads(first)
-    setup.pop("op", None)
-    return serve(setup, sys.stdin, reply)
+    return serve(json.loads(argv[0]), sys.stdin, reply)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from ampgan import AmpganError, process_age
 from ampgan.config.schema import PACKAGE_DIR, Settings, validate
@@ -32,7 +31,6 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
     """
     from ampgan.training import checkpoint, graph_pool, hardware, parallel
     from ampgan.tasks import build_task, load_data
-    from ampgan.tracking.helper import release_standby
     from ampgan.tracking.tracker import flatten
 
     _pin_sources()
@@ -47,8 +45,6 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
         cfg = _resumed_config(cfg, checkpoint.run_folder_of(resume))
         settings = validate(cfg)
         run_dir = checkpoint.run_folder_of(resume)
-    if not tracks_in_background(settings, resume):
-        release_standby()   # a helper prestarted for this command, which tracks in process after all
     if parallel.launches(settings.hardware.workers):   # hardware.workers > 1: this process runs the ranks
         return parallel.launch(cfg, settings, run_dir, resume)
     hardware.setup(settings.hardware, settings.trainer.seed)
@@ -135,29 +131,12 @@ def build_run_tracker(s: Settings, run_dir: Path, resume: Path | None = None):
     return tracker, False
 
 
-def tracks_in_background(s: Settings | DictConfig, resume: Path | str | None) -> bool:
-    """`tracking.background`: a new, non-requeueable MLflow run of one process, and (auto) MLflow not
-    loaded yet here, i.e. its import and the store's opening would otherwise come before the compile.
-    `s`: the run's Settings, or its composed config (the same keys)."""
-    if (s.tracking.backend != "mlflow" or resume or s.trainer.requeue or s.tracking.background == "never"
-            or s.hardware.workers != 1):   # a data-parallel run's rank 0 tracks in process (parallel.launch)
+def tracks_in_background(s: Settings, resume: Path | None) -> bool:
+    """`tracking.background`: a new, non-requeueable MLflow run, and (auto) MLflow not loaded yet here,
+    i.e. its import and the store's opening would otherwise come before the compile."""
+    if s.tracking.backend != "mlflow" or resume is not None or s.trainer.requeue or s.tracking.background == "never":
         return False
     return s.tracking.background == "always" or "mlflow" not in sys.modules
-
-
-def prestart_tracking(cfg: DictConfig) -> None:
-    """Start the run's tracking helper as soon as its command is composed, if the run will track in
-    the background: the helper's MLflow import then runs on the other core beside this process's
-    imports (validation imports MindSpore), not beside the compile. A config too broken to say
-    starts none: validation reports it."""
-    try:
-        background = tracks_in_background(cfg, cfg.trainer.resume)
-    except (AttributeError, KeyError, OmegaConfBaseException):
-        return
-    if background:
-        from ampgan.tracking.helper import prestart
-
-        prestart()
 
 
 def _tracked_fit(task, tracker, settings: Settings, run_dir: Path, params: dict, startup: dict, clock: float,
