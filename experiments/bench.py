@@ -618,14 +618,21 @@ def startup(store_dir: Path, device: str, rounds: int) -> list[dict]:
         return json.loads(out)["to_first_step_s"]
 
     walls, floors, temps = [], [], []
+
+    def pair_done(temp: str, total: int) -> None:
+        temps.append(temp)
+        print(f"        {temp} pair {temps.count(temp)}/{total}: ampgan's whole command {walls[-1]:.2f} s, "
+              f"the floor to its first step {floors[-1]:.2f} s", flush=True)
+
     dropped = drop_page_cache()
-    for _ in range(rounds if dropped else 1):
+    cold = rounds if dropped else 1
+    for _ in range(cold):
         if temps:
             drop_page_cache()
         walls.append(ampgan())
         drop_page_cache()
         floors.append(bare())
-        temps.append("cold")
+        pair_done("cold", cold)
     ampgan("startup_warmup")   # untimed: the files a cold run's dropped cache evicted are read again
     bare()
     for r in range(rounds):
@@ -635,7 +642,7 @@ def startup(store_dir: Path, device: str, rounds: int) -> list[dict]:
         else:
             walls.append(ampgan())
             floors.append(bare())
-        temps.append("warm")
+        pair_done("warm", rounds)
     client = MlflowClient(uri)
     runs = sorted(client.search_runs([client.get_experiment_by_name("startup").experiment_id]),
                   key=lambda run: run.info.start_time)
@@ -844,11 +851,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only the comparisons whose name contains one of these comma-separated texts "
                              "('diagnose', 'memory', 'sweep' select those parts)")
     parser.add_argument("--no-startup", action="store_true", help="skip the start-up and sweep-overhead measurements")
+    parser.add_argument("--startup-rounds", type=int, default=None,
+                        help=f"paired start-up rounds, cold and then warm (default {STARTUP_ROUNDS}; --quick: 2); "
+                             "each pair takes two commands' start, ~10-20 s on 2 CPU cores")
     parser.add_argument("--memory-steps", type=int, default=None,
                         help="iterations of the long in-process memory run (default 20000, ~30 min on 2 CPU cores; "
                              "--quick: 300; 0: skip it)")
     args = parser.parse_args(argv)
     repeats = 3 if args.quick else args.repeats
+    if args.startup_rounds is not None and args.startup_rounds < 1:
+        return report_error(f"--startup-rounds {args.startup_rounds}: give 1 or more")
     memory_steps = args.memory_steps if args.memory_steps is not None else (300 if args.quick else 20000)
     try:
         hardware.check_device(args.device)
@@ -886,7 +898,7 @@ def main(argv: list[str] | None = None) -> int:
     start = []
     if not args.no_startup:
         stage("start-up")
-        start = startup(scratch, args.device, 2 if args.quick else STARTUP_ROUNDS)
+        start = startup(scratch, args.device, args.startup_rounds or (2 if args.quick else STARTUP_ROUNDS))
     sweep = {}
     if not args.no_startup or "sweep" in only:
         stage(f"per-job overhead: a serial {len(SWEEP_CLIP_NORMS)}-job clip sweep")

@@ -181,3 +181,10 @@ def test_start_up_without_a_dropped_page_cache_has_one_cold_pair_and_says_so():
     text = "\n".join(_startup_lines(rows))
     assert "cold (the bench's first runs)" in text and "1 cold and 2 warm paired runs" in text
     assert "| ampgan beyond the floor | 1.00 [1.00-1.00], 95% interval 1.00-1.00 | 0.40 [0.30-0.50]" in text
+
+
+def test_a_start_up_round_count_below_one_is_refused_in_one_line(capsys):
+    from experiments.bench import main
+
+    assert main(["--startup-rounds", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "ampgan: error: --startup-rounds 0: give 1 or more"
