@@ -205,12 +205,15 @@ class Cluster(_Service):
         _run([*as_munge, _sbin("mungekey"), "--create", f"--keyfile={key}"], "munge key")
         _run([*as_munge, _sbin("munged"), f"--socket={sock}", f"--key-file={key}", f"--pid-file={munge / 'munged.pid'}",
               f"--log-file={munge / 'munged.log'}", f"--seed-file={munge / 'munged.seed'}"], "munged")
-        state = {"munge_dir": str(munge), "pids": {"munged": _read_pid(munge / "munged.pid")}}
+        # slurmd makes a Unix socket per job step in its spool folder (<spool>/<node>_<job>.<step>), and a
+        # socket's path has at most 108 bytes, which a deep state folder (a test's tmp_path) passes: jobs
+        # then fail to launch and stay held. The spool gets a short folder of its own in /tmp.
+        spool = Path(tempfile.mkdtemp(prefix="ampgan-slurmd-"))
+        state = {"munge_dir": str(munge), "spool_dir": str(spool), "pids": {"munged": _read_pid(munge / "munged.pid")}}
         self._save(state)
 
         slurm = self.conf.parent
-        for sub in ("state", "spool"):
-            (slurm / sub).mkdir(parents=True, exist_ok=True)
+        (slurm / "state").mkdir(parents=True, exist_ok=True)
         host = socket.gethostname().split(".")[0]
         cpus, mem = os.cpu_count() or 1, _memory_mb()
         ports = {"ctld": free_port(), "d": free_port()}
@@ -223,7 +226,7 @@ class Cluster(_Service):
             "SelectTypeParameters=CR_Core_Memory", "ReturnToService=2", "MpiDefault=none",
             "SchedulerType=sched/backfill", "JobAcctGatherType=jobacct_gather/none",
             "AccountingStorageType=accounting_storage/none",
-            f"StateSaveLocation={slurm / 'state'}", f"SlurmdSpoolDir={slurm / 'spool'}",
+            f"StateSaveLocation={slurm / 'state'}", f"SlurmdSpoolDir={spool}",
             f"SlurmctldPidFile={slurm / 'slurmctld.pid'}", f"SlurmdPidFile={slurm / 'slurmd.pid'}",
             f"SlurmctldLogFile={slurm / 'slurmctld.log'}", f"SlurmdLogFile={slurm / 'slurmd.log'}",
             "SlurmctldTimeout=30", "SlurmdTimeout=30", "InactiveLimit=0", "MinJobAge=300", "KillWait=10",
@@ -255,8 +258,9 @@ class Cluster(_Service):
                            capture_output=True, timeout=30)
         for name in ("slurmd", "slurmctld", "munged"):
             _stop_pid(pids.get(name))
-        if state.get("munge_dir"):
-            shutil.rmtree(state["munge_dir"], ignore_errors=True)
+        for folder in ("munge_dir", "spool_dir"):
+            if state.get(folder):
+                shutil.rmtree(state[folder], ignore_errors=True)
         if state:
             self._save({})
 
@@ -290,7 +294,7 @@ class Server(_Service):
     def database(self, name: str) -> str:
         """postgresql+psycopg://... for database `name` (created if missing)."""
         pg_port = self.state["pg_port"]
-        _createdb(Path(self.state["pg_bin"]), self.dir / "pg", pg_port, name)
+        _createdb(Path(self.state["pg_bin"]), pg_port, name)
         return f"postgresql+psycopg://postgres@127.0.0.1:{pg_port}/{name}"
 
     def start(self, timeout: float = 120.0) -> dict:
@@ -311,10 +315,12 @@ class Server(_Service):
                  "initdb", cwd="/")
         pg_port = self.pg_port or free_port()
         _run([*as_pg, str(pg_bin / "pg_ctl"), "-D", str(data), "-l", str(run / "postgres.log"), "-w", "-t", "60",
-              "-o", f"-p {pg_port} -k {run} -c listen_addresses=127.0.0.1", "start"], "PostgreSQL", cwd="/")
+              # TCP only: a Unix socket's path (its folder + /.s.PGSQL.<port>) has at most 108 bytes,
+              # which a deep state folder (a test's tmp_path) passes
+              "-o", f"-p {pg_port} -k '' -c listen_addresses=127.0.0.1", "start"], "PostgreSQL", cwd="/")
         state = {"pg_bin": str(pg_bin), "pg_port": pg_port, "pids": {"postgres": _read_pid(data / "postmaster.pid")}}
         self._save(state)
-        _createdb(pg_bin, run, pg_port, "mlflow")
+        _createdb(pg_bin, pg_port, "mlflow")
 
         port = self.port or free_port()
         artifacts = self.dir / "artifacts"
@@ -356,12 +362,12 @@ def _ensure_traversable(path: Path) -> None:
             os.chmod(parent, mode | 0o001)
 
 
-def _createdb(pg_bin: Path, sock_dir: Path, port: int, name: str) -> None:
-    query = subprocess.run(["runuser", "-u", "postgres", "--", str(pg_bin / "psql"), "-h", str(sock_dir), "-p", str(port),
+def _createdb(pg_bin: Path, port: int, name: str) -> None:
+    query = subprocess.run(["runuser", "-u", "postgres", "--", str(pg_bin / "psql"), "-h", "127.0.0.1", "-p", str(port),
                             "-tAc", f"SELECT 1 FROM pg_database WHERE datname = '{name}'"],
                            capture_output=True, text=True, cwd="/")
     if query.stdout.strip() != "1":
-        _run(["runuser", "-u", "postgres", "--", str(pg_bin / "createdb"), "-h", str(sock_dir), "-p", str(port), name],
+        _run(["runuser", "-u", "postgres", "--", str(pg_bin / "createdb"), "-h", "127.0.0.1", "-p", str(port), name],
              f"createdb {name}", cwd="/")
 
 

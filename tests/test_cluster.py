@@ -14,9 +14,14 @@ from devtools.services import Cluster, Server, _alive
 from tests.conftest import ROOT
 
 
+# The services' state lives this deep (a user's repository can too): a Unix socket made under it
+# would pass the 108 bytes a socket's path may have (slurmd's job-step sockets, PostgreSQL's own).
+DEEP = "a-state-folder-as-deep-as-a-users-repository-may-put-it"
+
+
 @pytest.fixture
 def services(tmp_path):
-    server, cluster = Server(tmp_path / "server"), Cluster(tmp_path / "cluster")
+    server, cluster = Server(tmp_path / DEEP / "server"), Cluster(tmp_path / DEEP / "cluster")
     pids: list[int] = []
     try:
         server.start()
