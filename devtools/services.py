@@ -182,6 +182,10 @@ class Cluster(_Service):
     name = "cluster"
     partition = "ampgan"
 
+    def __init__(self, state_dir: Path | str | None = None, spool_root: Path | str | None = None):
+        super().__init__(state_dir)
+        self.spool_root = spool_root  # where slurmd's spool folder is made (default: the system's temp folder)
+
     @property
     def conf(self) -> Path:
         return self.dir / "slurm" / "slurm.conf"
@@ -208,7 +212,7 @@ class Cluster(_Service):
         # slurmd makes a Unix socket per job step in its spool folder (<spool>/<node>_<job>.<step>), and a
         # socket's path has at most 108 bytes, which a deep state folder (a test's tmp_path) passes: jobs
         # then fail to launch and stay held. The spool gets a short folder of its own in /tmp.
-        spool = Path(tempfile.mkdtemp(prefix="ampgan-slurmd-"))
+        spool = Path(tempfile.mkdtemp(prefix="ampgan-slurmd-", dir=self.spool_root))
         state = {"munge_dir": str(munge), "spool_dir": str(spool), "pids": {"munged": _read_pid(munge / "munged.pid")}}
         self._save(state)
 

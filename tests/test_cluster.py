@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -35,22 +36,47 @@ def services(tmp_path):
         assert not [p for p in pids if _alive(p)], "a service process outlived its stop"
 
 
-def submit(*args: str, cluster: Cluster, outputs: Path) -> subprocess.CompletedProcess:
+def submit(*args: str, cluster: Cluster, outputs: Path, timeout: float = 900) -> subprocess.CompletedProcess:
     env = {**os.environ, **cluster.env(), "AMPGAN_OUTPUTS": str(outputs), "GLOG_v": "3"}
     return subprocess.run([sys.executable, "-m", "ampgan.train", "-m", "hydra/launcher=slurm", *args], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=900)
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def sweep_process(*args: str, cluster: Cluster, outputs: Path) -> subprocess.Popen:
+    env = {**os.environ, **cluster.env(), "AMPGAN_OUTPUTS": str(outputs), "GLOG_v": "3"}
+    return subprocess.Popen([sys.executable, "-m", "ampgan.train", "-m", "hydra/launcher=slurm", *args], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def test_slurm_sweep_logs_to_postgres_backed_server(services, tmp_path):
+    """Submitted held (`sbatch --hold`): the sweep says what its jobs wait for, and goes on once released."""
     from mlflow.tracking import MlflowClient
 
     from ampgan.reporting.report import PARENT_TAG
 
     server, cluster = services
     outputs = tmp_path / "out"
-    done = submit("trainer=smoke", "trainer.layer_health_every=0", f"tracking.uri={server.uri}",
-                  "scaler=fixed_clip", "scaler.clip_norm=0.5,1,2,4", "hydra.launcher.array_parallelism=2",
-                  cluster=cluster, outputs=outputs)
+    proc = sweep_process("trainer=smoke", "trainer.layer_health_every=0", f"tracking.uri={server.uri}",
+                         "scaler=fixed_clip", "scaler.clip_norm=0.5,1,2,4", "hydra.launcher.array_parallelism=2",
+                         "+hydra.launcher.additional_parameters.hold=true", cluster=cluster, outputs=outputs)
+    stuck = threading.Timer(300, proc.kill)   # no line for a held job: the sweep would wait for ever
+    stuck.start()
+    try:
+        said = []   # what the sweep prints before its jobs are released
+        while not (said and said[-1].startswith("[sweep] ")) and proc.poll() is None:
+            said.append(proc.stdout.readline())
+        stuck.cancel()
+        held = said[-1]
+        assert held.startswith("[sweep] SLURM job ") and "is held (JobHeldUser)" in held, said
+        release = held.split("`scontrol release ")[1].split("`")[0]
+        subprocess.run(["scontrol", "release", release], env={**os.environ, **cluster.env()}, check=True, timeout=60)
+        out, err = proc.communicate(timeout=900)
+    finally:
+        stuck.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, "".join(said) + out, err)
     assert done.returncode == 0, done.stderr[-3000:]
     assert not (outputs / "mlflow.db").exists()  # nothing went to a local sqlite store
     client = MlflowClient(server.uri)
@@ -132,6 +158,44 @@ def test_slurm_runs_a_two_worker_job_data_parallel(services, tmp_path):
     folder = Path(runs[0].data.tags["output_dir"])
     assert list((folder / "checkpoints").glob("step-*"))   # written at the stop
     assert not leftover(str(folder / "parallel"))
+
+
+def test_a_job_slurm_cannot_launch_ends_the_sweep_in_one_line(tmp_path):
+    """slurmd cannot launch a job whose step socket's path passes 108 bytes (here: a deep spool
+    folder); SLURM requeues the job held, where submitit alone would wait for it for ever. The sweep
+    ends with one line, its jobs that had not started are cancelled, and its parent run is not
+    left RUNNING."""
+    from mlflow.tracking import MlflowClient
+
+    from ampgan.reporting.report import PARENT_TAG
+
+    spool_root = tmp_path / ("s" * 110)
+    spool_root.mkdir()
+    server, cluster = Server(tmp_path / "server"), Cluster(tmp_path / "cluster", spool_root=spool_root)
+    pids: list[int] = []
+    try:
+        server.start()
+        pids += server.state["pids"].values()
+        cluster.start()
+        pids += cluster.state["pids"].values()
+        done = submit("trainer=smoke", f"tracking.uri={server.uri}", "trainer.seed=0,1,2",
+                      cluster=cluster, outputs=tmp_path / "out", timeout=300)   # it would wait for ever
+        queue = subprocess.run(["squeue", "-h", "-o", "%i %T %r"], env={**os.environ, **cluster.env()},
+                               capture_output=True, text=True, timeout=60)
+        client = MlflowClient(server.uri)
+        runs = client.search_runs([client.get_experiment_by_name("ampgan").experiment_id])
+    finally:
+        cluster.stop()
+        server.stop()
+    assert not [p for p in pids if _alive(p)], "a service process outlived its stop"
+    assert done.returncode == 1, (done.stdout + done.stderr)[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ampgan: error: SLURM could not launch job ") and "launch failed requeued held" in last, last
+    assert "jobs that had not started were cancelled" in last
+    assert queue.returncode == 0 and queue.stdout.strip() == "", queue.stdout   # nothing left held in the queue
+    parents = [r for r in runs if PARENT_TAG in r.data.tags]
+    assert len(parents) == 1 and parents[0].info.status == "FAILED"
+    assert not [r for r in runs if r.info.status == "RUNNING"]
 
 
 def test_a_two_worker_slurm_job_needs_one_task_with_two_cpus(tmp_path):

@@ -1,13 +1,26 @@
-"""`hydra/launcher=slurm`: Hydra's submitit SLURM launcher, whose jobs report a job that exits.
+"""`hydra/launcher=slurm`: Hydra's submitit SLURM launcher, whose jobs report a job that exits, and
+whose submitting process watches the queue for jobs that will not start.
 
-ampgan's one-line errors end the process with `sys.exit(2)`; in a SLURM job submitit then records
-no result, and without SLURM accounting the submitting process would wait for it for ever. Here
-such a job is a failed job (`JobExited`, with its `ampgan: error: ...` line), reported by the
-submitting process like any other failure.
+- ampgan's one-line errors end the process with `sys.exit(2)`; in a SLURM job submitit then
+  records no result, and without SLURM accounting the submitting process would wait for it for
+  ever. Here such a job is a failed job (`JobExited`, with its `ampgan: error: ...` line),
+  reported by the submitting process like any other failure.
+- A job that SLURM could not launch (its node's slurmd failed to start it: a bad spool folder,
+  a failing prolog, a Unix socket path over 108 bytes) is requeued held ("launch failed requeued
+  held") and would keep submitit waiting for ever too. `QueueWatch` reads the queue (`squeue`)
+  every few seconds while the sweep runs: such a job ends the sweep with one line, after the
+  sweep's jobs that have not started are cancelled (running jobs go on and log their runs). A
+  job held on purpose (`scontrol hold`, `sbatch --hold`) gets one line saying what it waits for.
 """
 
 from __future__ import annotations
 
+import _thread
+import getpass
+import subprocess
+import sys
+import threading
+from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn
@@ -51,8 +64,92 @@ def _reporting_exits(task_function: Any) -> Any:
     return task
 
 
+class QueueWatch:
+    """A thread that reads the queue for the jobs submitted from `folder` (submitit's submission
+    scripts are there, and squeue shows a job's script as its command) until `stop()`.
+
+    A job that could not launch sets `failure` (one line), cancels the jobs from `folder` that
+    have not started, and interrupts the main thread, which waits on the jobs (KeyboardInterrupt).
+    """
+
+    LAUNCH_FAILED = "launch failed"  # squeue's reason, e.g. "launch failed requeued held"
+    ON_HOLD = ("JobHeldUser", "JobHeldAdmin")
+
+    def __init__(self, folder: Path, poll_seconds: float = 5.0) -> None:
+        self.prefix = f"{Path(folder).absolute()}/"
+        self.poll_seconds = poll_seconds
+        self.failure: str | None = None
+        self._told: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ampgan-slurm-queue", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_seconds):
+            jobs = self.jobs()
+            if jobs is not None and self.check(jobs):
+                _thread.interrupt_main()
+                return
+
+    def jobs(self) -> list[tuple[str, str, str]] | None:
+        """(job id, state, reason) of this sweep's jobs in the queue; None if squeue cannot be read."""
+        try:
+            out = subprocess.run(["squeue", "-h", "-u", getpass.getuser(), "-o", "%i|%T|%r|%o"],
+                                 capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if out.returncode != 0:
+            return None
+        rows = [line.split("|", 3) for line in out.stdout.splitlines()]
+        return [(r[0], r[1], r[2]) for r in rows if len(r) == 4 and r[3].startswith(self.prefix)]
+
+    def check(self, jobs: list[tuple[str, str, str]]) -> bool:
+        """Say what a held job waits for (once); True if a job could not launch (the sweep ends)."""
+        for job, state, reason in jobs:
+            if reason.startswith(self.LAUNCH_FAILED):
+                self._cancel_pending(jobs)
+                self.failure = (f"SLURM could not launch job {job} of this sweep ({reason}): the slurmd log of the node it "
+                                "was sent to says why; the sweep's jobs that had not started were cancelled")
+                return True
+            if reason in self.ON_HOLD and job not in self._told:
+                self._told.add(job)
+                which = job.split("_")[0] if "[" in job else job   # 12_[0-3%2]: the array's waiting tasks
+                print(f"[sweep] SLURM job {job} is held ({reason}): it waits for `scontrol release {which}`", flush=True)
+        return False
+
+    @staticmethod
+    def _cancel_pending(jobs: list[tuple[str, str, str]]) -> None:
+        arrays = sorted({job.split("_")[0] for job, state, _ in jobs if state == "PENDING"})  # 12_3, 12_[4-7] -> 12
+        if arrays:
+            subprocess.run(["scancel", "--state=PENDING", *arrays], capture_output=True, timeout=60)
+
+
 class SlurmLauncher(SubmititSlurmLauncher):
-    """Hydra's submitit SLURM launcher; a job that exits is a failed job with its error line."""
+    """Hydra's submitit SLURM launcher; a job that exits is a failed job with its error line, and a
+    job that cannot launch ends the sweep with one line."""
+
+    def launch(self, job_overrides: Any, initial_job_idx: int) -> Any:  # runs where the sweep is submitted
+        from submitit.core.utils import JobPaths
+
+        from ampgan import report_error
+
+        watch = QueueWatch(JobPaths.get_first_id_independent_folder(self.params["submitit_folder"]))
+        watch.start()
+        try:
+            return super().launch(job_overrides, initial_job_idx)
+        except KeyboardInterrupt:
+            if watch.failure is None:
+                raise
+            sys.exit(report_error(watch.failure, code=1))
+        finally:
+            watch.stop()
 
     def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:  # runs in the SLURM job
         self.task_function = _reporting_exits(self.task_function)
