@@ -8,7 +8,8 @@ the command line sets `hardware.threads` itself.
 `submitit_slurm.SlurmLauncher` (`hydra/launcher=slurm`) is Hydra's submitit SLURM launcher whose jobs report a
 job that exits (ampgan's one-line errors end the process with `sys.exit(2)`) as a failed job
 with that line: submitit records no result for a process that exits, and without SLURM
-accounting the submitting process would wait for it for ever.
+accounting the submitting process would wait for it for ever. Its submitting process also reads
+the queue: a job SLURM could not launch (requeued held) ends the sweep with one line.
 
 `ResumeSweeper` (`hydra/sweeper=resume`) re-runs the jobs of a sweep that are missing, FAILED or
 KILLED; `python -m ampgan.sweep resume <sweep>` starts it.
