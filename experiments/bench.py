@@ -39,6 +39,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -249,6 +250,7 @@ class AmpganRunner:
 
     def close(self) -> None:
         self.tracker.finish("FINISHED")
+        shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
 def _bare_wgan_gp(s: Settings, data: Dataset) -> BareWganGp:
@@ -866,9 +868,20 @@ def main(argv: list[str] | None = None) -> int:
         hardware.check_device(args.device)
     except Exception as err:  # noqa: BLE001
         return report_error(err)
+    scratch = Path(tempfile.mkdtemp(prefix="ampgan-bench-store-"))   # its stores, runs and MindSpore's files
+    home = Path.cwd()
+    try:
+        _bench(args, repeats, memory_steps, scratch)
+    finally:
+        os.chdir(home)
+        shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
+def _bench(args: argparse.Namespace, repeats: int, memory_steps: int, scratch: Path) -> None:
+    """Every part `args` asks for, in `scratch` (removed by the caller); the results in outputs/bench."""
     out = outputs_dir() / "bench"
     out.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="ampgan-bench-store-"))
     store = f"sqlite:///{scratch / 'variants.db'}"
     MlflowTracker(store, "ampgan")
     os.chdir(scratch)  # MindSpore's scratch files
@@ -925,7 +938,6 @@ def main(argv: list[str] | None = None) -> int:
                 + ([mem["long_run"]["verdict"]] if "long_run" in mem else []))
     print(f"done in {meta['seconds']:.0f}s; targets: {verdicts.count('met')} met, {verdicts.count('not met')} not met, "
           f"{verdicts.count('unresolved')} unresolved; written to {out}")
-    return 0
 
 
 if __name__ == "__main__":

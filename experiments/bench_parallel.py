@@ -18,7 +18,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -60,13 +59,15 @@ def steps_per_second(scratch: Path, rounds: int, steps: int) -> dict[int, list[f
 
 def allreduce_share(scratch: Path, rounds: int, block: int) -> dict[str, list[float]]:
     """Seconds per step and per step's collectives alone, per round, measured on rank 0 of a 2-rank job."""
-    from ampgan.training.parallel import free_port
+    from ampgan.training.parallel import JOB_ENV, free_port
 
     result = scratch / "share.json"
+    (scratch / "job").mkdir(exist_ok=True)   # the ranks' shared job folder, inside the bench's scratch
     cmd = [sys.executable, "-m", "mindspore.parallel.cluster.run", "--worker_num=2", "--local_worker_num=2",
            "--master_addr=127.0.0.1", f"--master_port={free_port()}", "--join=True", f"--log_dir={scratch / 'logs'}",
            "--tail_worker_log=2", "python", "-m", "experiments.bench_parallel", str(result), str(rounds), str(block)]
-    done = subprocess.run(cmd, env={**_env(), "AMPGAN_OUTPUTS": str(scratch)}, capture_output=True, text=True, cwd=scratch)
+    done = subprocess.run(cmd, env={**_env(), "AMPGAN_OUTPUTS": str(scratch), JOB_ENV: str(scratch / "job")},
+                          capture_output=True, text=True, cwd=scratch)
     if done.returncode != 0:
         raise RuntimeError(f"the all-reduce timing failed: see {scratch / 'logs'}")
     return json.loads(result.read_text())
@@ -86,7 +87,6 @@ def rank_main(result: str, rounds: int, block: int) -> int:
         return 0
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         s = validate(compose(config_name="train", overrides=MODEL + ["hardware.workers=2", "tracking=none"]))
-    os.environ.setdefault(parallel.JOB_ENV, tempfile.mkdtemp())
     hardware.setup(s.hardware, s.trainer.seed)
     task = parallel.shard(build_task(s, load_data(s)), s.trainer.batch_size)
     weights = [p for state in task.states() for p in state.step.weights]

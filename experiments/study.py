@@ -417,10 +417,11 @@ def _verdict(client, run, exit_code: int, text: str | None) -> dict:
     if text is None:
         import tempfile
 
-        try:
-            text = Path(client.download_artifacts(run.info.run_id, "report.md", tempfile.mkdtemp())).read_text()
-        except Exception:  # noqa: BLE001 - an older diagnose run without its report: the verdict is enough
-            text = ""
+        with tempfile.TemporaryDirectory(prefix="ampgan-study-") as scratch:
+            try:
+                text = Path(client.download_artifacts(run.info.run_id, "report.md", scratch)).read_text()
+            except Exception:  # noqa: BLE001 - an older diagnose run without its report: the verdict is enough
+                text = ""
     t = run.data.tags
     return {"verdict": t.get("ampgan.verdict", "-"), "layer": t.get("ampgan.layer", "-") or "-",
             "fix": t.get("ampgan.fix", "-"), "diagnose run": run.info.run_id, "exit": exit_code, "text": text}

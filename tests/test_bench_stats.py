@@ -5,7 +5,9 @@ Nothing here builds or runs a net.
 
 from __future__ import annotations
 
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -188,3 +190,20 @@ def test_a_start_up_round_count_below_one_is_refused_in_one_line(capsys):
 
     assert main(["--startup-rounds", "0"]) == 2
     assert capsys.readouterr().err.strip() == "ampgan: error: --startup-rounds 0: give 1 or more"
+
+
+def test_a_bench_part_reports_and_leaves_no_scratch_behind(tmp_path, monkeypatch):
+    """`--only calibration --quick`: one comparison end to end (two of ampgan's loops, an MLflow store,
+    run folders, MindSpore's files), its report in outputs/bench, nothing left in the temp folder."""
+    from experiments.bench import main
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    monkeypatch.setenv("AMPGAN_OUTPUTS", str(tmp_path / "outputs"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["--only", "calibration", "--quick", "--no-startup", "--memory-steps", "0"]) == 0
+    report = (tmp_path / "outputs" / "bench" / "bench.md").read_text()
+    assert "calibration: one loop against its twin" in report
+    assert list(scratch.iterdir()) == []
+    assert Path.cwd() == tmp_path   # the bench worked in its scratch folder and came back

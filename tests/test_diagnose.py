@@ -9,6 +9,7 @@ import csv
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import mindspore as ms
@@ -162,7 +163,7 @@ def test_bad_input_is_one_line_exit_2(bad, outputs):
     assert not (outputs / "mlflow.db").exists()
 
 
-def test_cli_healthy_run_logged_and_linked(outputs):
+def test_cli_healthy_run_logged_and_linked(outputs, tmp_path, monkeypatch):
     """Train a tiny run with checkpoints, then diagnose it by run id: the replay starts from its
     newest full-state checkpoint (step 4), exit 0, a diagnose run linked to it, artifacts."""
     train = subprocess.run([sys.executable, "-m", "ampgan.train", *[a for a in TINY if a != "tracking=none"],
@@ -204,7 +205,12 @@ def test_cli_healthy_run_logged_and_linked(outputs):
 
     # what the replay starts from: the checkpoint's weights, optimizer state and sampler position
     # in both tasks; the AMP task its loss scale, the FP32 twin scale 1
-    cfg = recorded_config(compose_diag(), trained)
+    scratch = tmp_path / "scratch"   # the recorded config.yaml is fetched into a folder that does not outlive the call
+    scratch.mkdir()
+    with monkeypatch.context() as m:
+        m.setattr(tempfile, "tempdir", str(scratch))
+        cfg = recorded_config(compose_diag(), trained)
+    assert not list(scratch.iterdir())
     start = checkpoint_start(trained, cfg, None)
     assert start.name == "step-00000004"
     s = validate(cfg)
@@ -267,11 +273,11 @@ def test_a_logged_failure_beyond_the_replay_is_not_reproduced_and_the_horizon_re
     assert verdict.startswith("verdict: not_amp - the FP32 twin fails too (step 2"), verdict
 
 
-def test_fp32_that_does_not_learn_is_not_amp_not_healthy():
+def test_fp32_that_does_not_learn_is_not_amp_not_healthy(tmp_path):
     """lr 1e-7: no NaN anywhere and AMP tracks FP32 closely, but neither learns over the horizon;
     the old rules said healthy."""
     cfg = compose_diag(*TINY, "model.lr=1e-7", "diagnose.steps=2", "diagnose.mode=synced", "diagnose.horizon=30")
-    result = diagnose(cfg, None, echo=lambda *a, **k: None)
+    result = diagnose(cfg, tmp_path, echo=lambda *a, **k: None)
     h = result.analysis.horizon
     assert result.verdict.name == "not_amp" and result.exit_code == 3, result.verdict.headline
     assert h.fp32.kind == "no_progress" and h.fp32.progress < 0.05 and h.fp32.done == 30

@@ -8,6 +8,7 @@ transformer, the causal language model, a ResNet: ampgan_corpus.architectures) a
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +49,8 @@ CORPUS = [
 def run(preset: str, *extra: str):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="diagnose_main", overrides=[f"+experiment={preset}", *FAST, *extra])
-    return diagnose(cfg, None, echo=lambda *a, **k: None)
+    with tempfile.TemporaryDirectory(prefix="ampgan-test-diagnose-") as folder:   # its report files
+        return diagnose(cfg, Path(folder), echo=lambda *a, **k: None)
 
 
 # two cases also run the optional stages (one diagnosis each, to keep the file short)

@@ -77,13 +77,14 @@ def recorded_config(cfg: DictConfig, run_id: str) -> DictConfig:
     from ampgan.tracking.tracker import make_client
 
     client = make_client(cfg.tracking.uri)
-    try:
-        client.get_run(run_id)
-        path = client.download_artifacts(run_id, "config.yaml", tempfile.mkdtemp(prefix="ampgan-diagnose-"))
-    except (MlflowException, OSError) as err:
-        raise AmpganError(f"diagnose.run={run_id}: no such run with a config.yaml in {cfg.tracking.uri} "
-                          f"({str(err).splitlines()[0][:120]})") from None
-    recorded = OmegaConf.load(path)
+    with tempfile.TemporaryDirectory(prefix="ampgan-diagnose-") as scratch:
+        try:
+            client.get_run(run_id)
+            path = client.download_artifacts(run_id, "config.yaml", scratch)
+        except (MlflowException, OSError) as err:
+            raise AmpganError(f"diagnose.run={run_id}: no such run with a config.yaml in {cfg.tracking.uri} "
+                              f"({str(err).splitlines()[0][:120]})") from None
+        recorded = OmegaConf.load(path)
     recorded.diagnose = cfg.diagnose
     recorded.tracking = cfg.tracking
     return recorded
@@ -143,7 +144,9 @@ def run_failure(run_id: str, uri: str) -> tuple[int | None, str]:
     return None, ""
 
 
-def diagnose(cfg: DictConfig, run_dir: Path | None = None, echo=print) -> Result:
+def diagnose(cfg: DictConfig, run_dir: Path, echo=print) -> Result:
+    """Diagnose the run `cfg` describes (or `diagnose.run`'s recorded run): replay, verdict, fixes;
+    its report files go to `run_dir`, and to an MLflow run tagged ampgan.kind=diagnose."""
     started = time.perf_counter()
     dcfg = diagnose_settings(cfg)
     diagnosed = dcfg.run or None
@@ -205,12 +208,12 @@ def diagnose(cfg: DictConfig, run_dir: Path | None = None, echo=print) -> Result
     return result
 
 
-def publish(result: Result, cfg: DictConfig, s, diagnosed: str | None, run_dir: Path | None, seconds: float) -> None:
+def publish(result: Result, cfg: DictConfig, s, diagnosed: str | None, run_dir: Path, seconds: float) -> None:
     """Files into the run folder; an MLflow run tagged ampgan.kind=diagnose with them as artifacts."""
     from ampgan.tracking.tracker import build_tracker, flatten
     from ampgan.training.loop import tracked_run
 
-    folder = Path(run_dir or tempfile.mkdtemp(prefix="ampgan-diagnose-"))
+    folder = Path(run_dir)
     result.folder = folder
     files, figures = report.write_files(result, folder)
     (folder / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
