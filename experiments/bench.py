@@ -863,6 +863,12 @@ def main(argv: list[str] | None = None) -> int:
     repeats = 3 if args.quick else args.repeats
     if args.startup_rounds is not None and args.startup_rounds < 1:
         return report_error(f"--startup-rounds {args.startup_rounds}: give 1 or more")
+    if args.startup_rounds is not None and args.no_startup:
+        return report_error(f"--startup-rounds {args.startup_rounds} with --no-startup: the start-up part is skipped; "
+                            "drop one of them")
+    if args.memory_steps and args.only and "memory" not in args.only.lower():
+        return report_error(f"--memory-steps {args.memory_steps} with --only {args.only}: the memory part is skipped; "
+                            "add 'memory' to --only, or drop --memory-steps")
     memory_steps = args.memory_steps if args.memory_steps is not None else (300 if args.quick else 20000)
     try:
         hardware.check_device(args.device)

@@ -192,6 +192,18 @@ def test_a_start_up_round_count_below_one_is_refused_in_one_line(capsys):
     assert capsys.readouterr().err.strip() == "ampgan: error: --startup-rounds 0: give 1 or more"
 
 
+@pytest.mark.parametrize("argv,said", [
+    (["--no-startup", "--startup-rounds", "8"], "--startup-rounds 8 with --no-startup: the start-up part is skipped"),
+    (["--only", "calibration", "--memory-steps", "300"], "--memory-steps 300 with --only calibration: the memory part is skipped"),
+])
+def test_an_option_for_a_skipped_part_is_refused_in_one_line(capsys, argv, said):
+    from experiments.bench import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"ampgan: error: {said}"), err
+
+
 def test_a_bench_part_reports_and_leaves_no_scratch_behind(tmp_path, monkeypatch):
     """`--only calibration --quick`: one comparison end to end (two of ampgan's loops, an MLflow store,
     run folders, MindSpore's files), its report in outputs/bench, nothing left in the temp folder."""
