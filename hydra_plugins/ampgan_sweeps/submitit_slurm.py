@@ -16,7 +16,6 @@ whose submitting process watches the queue for jobs that will not start.
 from __future__ import annotations
 
 import _thread
-import getpass
 import subprocess
 import sys
 import threading
@@ -101,7 +100,7 @@ class QueueWatch:
     def jobs(self) -> list[tuple[str, str, str]] | None:
         """(job id, state, reason) of this sweep's jobs in the queue; None if squeue cannot be read."""
         try:
-            out = subprocess.run(["squeue", "-h", "-u", getpass.getuser(), "-o", "%i|%T|%r|%o"],
+            out = subprocess.run(["squeue", "-h", "--me", "-o", "%i|%T|%r|%o"],
                                  capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired):
             return None
