@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -20,9 +21,9 @@ from tests.conftest import ROOT
 DEEP = "a-state-folder-as-deep-as-a-users-repository-may-put-it"
 
 
-@pytest.fixture
-def services(tmp_path):
-    server, cluster = Server(tmp_path / DEEP / "server"), Cluster(tmp_path / DEEP / "cluster")
+@contextlib.contextmanager
+def running(server: Server, cluster: Cluster):
+    """Both services started, then stopped; no process of theirs outlives the stop."""
     pids: list[int] = []
     try:
         server.start()
@@ -34,6 +35,12 @@ def services(tmp_path):
         cluster.stop()
         server.stop()
         assert not [p for p in pids if _alive(p)], "a service process outlived its stop"
+
+
+@pytest.fixture
+def services(tmp_path):
+    with running(Server(tmp_path / DEEP / "server"), Cluster(tmp_path / DEEP / "cluster")) as both:
+        yield both
 
 
 def submit(*args: str, cluster: Cluster, outputs: Path, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -171,23 +178,13 @@ def test_a_job_slurm_cannot_launch_ends_the_sweep_in_one_line(tmp_path):
 
     spool_root = tmp_path / ("s" * 110)
     spool_root.mkdir()
-    server, cluster = Server(tmp_path / "server"), Cluster(tmp_path / "cluster", spool_root=spool_root)
-    pids: list[int] = []
-    try:
-        server.start()
-        pids += server.state["pids"].values()
-        cluster.start()
-        pids += cluster.state["pids"].values()
+    with running(Server(tmp_path / "server"), Cluster(tmp_path / "cluster", spool_root=spool_root)) as (server, cluster):
         done = submit("trainer=smoke", f"tracking.uri={server.uri}", "trainer.seed=0,1,2",
                       cluster=cluster, outputs=tmp_path / "out", timeout=300)   # it would wait for ever
         queue = subprocess.run(["squeue", "-h", "-o", "%i %T %r"], env={**os.environ, **cluster.env()},
                                capture_output=True, text=True, timeout=60)
         client = MlflowClient(server.uri)
         runs = client.search_runs([client.get_experiment_by_name("ampgan").experiment_id])
-    finally:
-        cluster.stop()
-        server.stop()
-    assert not [p for p in pids if _alive(p)], "a service process outlived its stop"
     assert done.returncode == 1, (done.stdout + done.stderr)[-3000:]
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("ampgan: error: SLURM could not launch job ") and "launch failed requeued held" in last, last
