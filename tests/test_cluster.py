@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -43,10 +44,10 @@ def services(tmp_path):
         yield both
 
 
-def submit(*args: str, cluster: Cluster, outputs: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+def submit(*args: str, cluster: Cluster, outputs: Path, timeout: float = 900, **popen) -> subprocess.CompletedProcess:
     env = {**os.environ, **cluster.env(), "AMPGAN_OUTPUTS": str(outputs), "GLOG_v": "3"}
     return subprocess.run([sys.executable, "-m", "ampgan.train", "-m", "hydra/launcher=slurm", *args], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=timeout)
+                          env=env, capture_output=True, text=True, timeout=timeout, **popen)
 
 
 def sweep_process(*args: str, cluster: Cluster, outputs: Path) -> subprocess.Popen:
@@ -179,8 +180,10 @@ def test_a_job_slurm_cannot_launch_ends_the_sweep_in_one_line(tmp_path):
     spool_root = tmp_path / ("s" * 110)
     spool_root.mkdir()
     with running(Server(tmp_path / "server"), Cluster(tmp_path / "cluster", spool_root=spool_root)) as (server, cluster):
+        # started as in the background of a script (`... &`), which ignores SIGINT
         done = submit("trainer=smoke", f"tracking.uri={server.uri}", "trainer.seed=0,1,2",
-                      cluster=cluster, outputs=tmp_path / "out", timeout=300)   # it would wait for ever
+                      cluster=cluster, outputs=tmp_path / "out", timeout=300,   # it would wait for ever
+                      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
         queue = subprocess.run(["squeue", "-h", "-o", "%i %T %r"], env={**os.environ, **cluster.env()},
                                capture_output=True, text=True, timeout=60)
         client = MlflowClient(server.uri)

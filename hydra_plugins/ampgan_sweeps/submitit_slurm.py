@@ -15,7 +15,6 @@ whose submitting process watches the queue for jobs that will not start.
 
 from __future__ import annotations
 
-import _thread
 import subprocess
 import sys
 import threading
@@ -67,8 +66,8 @@ class QueueWatch:
     """A thread that reads the queue for the jobs submitted from `folder` (submitit's submission
     scripts are there, and squeue shows a job's script as its command) until `stop()`.
 
-    A job that could not launch sets `failure` (one line), cancels the jobs from `folder` that
-    have not started, and interrupts the main thread, which waits on the jobs (KeyboardInterrupt).
+    A job that could not launch sets `failure` (one line) after cancelling the jobs from `folder`
+    that have not started, and the watch ends.
     """
 
     LAUNCH_FAILED = "launch failed"  # squeue's reason, e.g. "launch failed requeued held"
@@ -94,7 +93,6 @@ class QueueWatch:
         while not self._stop.wait(self.poll_seconds):
             jobs = self.jobs()
             if jobs is not None and self.check(jobs):
-                _thread.interrupt_main()
                 return
 
     def jobs(self) -> list[tuple[str, str, str]] | None:
@@ -139,16 +137,31 @@ class SlurmLauncher(SubmititSlurmLauncher):
 
         from ampgan import report_error
 
+        # submitit submits, then waits on the jobs in a thread of its own here, so that this one can
+        # end the sweep when the watch finds a job that cannot launch (a signal to this thread would
+        # not do: a sweep started in the background of a script ignores SIGINT)
         watch = QueueWatch(JobPaths.get_first_id_independent_folder(self.params["submitit_folder"]))
+        outcome: dict[str, Any] = {}
+
+        def submit_and_wait() -> None:
+            try:
+                outcome["returns"] = SubmititSlurmLauncher.launch(self, job_overrides, initial_job_idx)
+            except BaseException as err:  # noqa: BLE001 - raised again below, in the sweep's thread
+                outcome["error"] = err
+
+        waiter = threading.Thread(target=submit_and_wait, name="ampgan-slurm-wait", daemon=True)
         watch.start()
+        waiter.start()
         try:
-            return super().launch(job_overrides, initial_job_idx)
-        except KeyboardInterrupt:
-            if watch.failure is None:
-                raise
-            sys.exit(report_error(watch.failure, code=1))
+            while waiter.is_alive() and watch.failure is None:
+                waiter.join(timeout=0.5)
         finally:
             watch.stop()
+        if waiter.is_alive():   # the watch failed the sweep; the waiting thread ends with the process
+            sys.exit(report_error(watch.failure, code=1))
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["returns"]
 
     def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:  # runs in the SLURM job
         self.task_function = _reporting_exits(self.task_function)
