@@ -11,6 +11,11 @@ whose submitting process watches the queue for jobs that will not start.
   every few seconds while the sweep runs: such a job ends the sweep with one line, after the
   sweep's jobs that have not started are cancelled (running jobs go on and log their runs). A
   job held on purpose (`scontrol hold`, `sbatch --hold`) gets one line saying what it waits for.
+- submitit follows its jobs' states with `sacct`, which needs SLURM's accounting storage. Where
+  SLURM keeps none (`AccountingStorageType=accounting_storage/none`), every poll fails and prints
+  two lines of noise, one of them from the `sacct` child itself, possibly after the sweep's own
+  error line. There `sacct` is not called (`_JobStates`): the jobs are followed by their result
+  files and the queue watch, which is all a failing `sacct` left submitit anyway.
 """
 
 from __future__ import annotations
@@ -23,6 +28,10 @@ from typing import Any
 
 from hydra.core.utils import JobReturn
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as SubmititSlurmLauncher
+from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
+
+
+SUBMITIT_POLL_DELAY_S = 600  # submitit's own longest delay between two polls of its SLURM jobs' states
 
 
 class JobExited(RuntimeError):
@@ -128,6 +137,34 @@ class QueueWatch:
             subprocess.run(["scancel", "--state=PENDING", *arrays], capture_output=True, timeout=60)
 
 
+def slurm_keeps_accounting() -> bool:
+    """Whether SLURM has an accounting storage that `sacct` can read (unknown: True)."""
+    try:
+        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return True
+    for line in out.stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "AccountingStorageType":
+            return value.strip() not in ("", "(null)", "accounting_storage/none")
+    return True
+
+
+class _JobStates(SlurmInfoWatcher):
+    """submitit's poller of its SLURM jobs' states (SlurmJob.watcher, shared by the process's jobs),
+    which asks `sacct` only where SLURM keeps accounting, and not at all once `stop()` is called."""
+
+    def __init__(self, asks_sacct: bool) -> None:
+        super().__init__(delay_s=SUBMITIT_POLL_DELAY_S)
+        self.asks_sacct = asks_sacct
+
+    def stop(self) -> None:
+        self.asks_sacct = False
+
+    def _make_command(self) -> list[str] | None:  # None: no call (submitit's own "nothing to ask")
+        return super()._make_command() if self.asks_sacct else None
+
+
 class SlurmLauncher(SubmititSlurmLauncher):
     """Hydra's submitit SLURM launcher; a job that exits is a failed job with its error line, and a
     job that cannot launch ends the sweep with one line."""
@@ -150,6 +187,8 @@ class SlurmLauncher(SubmititSlurmLauncher):
                 outcome["error"] = err
 
         waiter = threading.Thread(target=submit_and_wait, name="ampgan-slurm-wait", daemon=True)
+        states = _JobStates(asks_sacct=slurm_keeps_accounting())
+        saved, SlurmJob.watcher = SlurmJob.watcher, states
         watch.start()
         waiter.start()
         try:
@@ -157,7 +196,11 @@ class SlurmLauncher(SubmititSlurmLauncher):
                 waiter.join(timeout=0.5)
         finally:
             watch.stop()
-        if waiter.is_alive():   # the watch failed the sweep; the waiting thread ends with the process
+            if waiter.is_alive():   # it is left to end with the process: it asks nothing more, says nothing more
+                states.stop()
+            else:
+                SlurmJob.watcher = saved
+        if waiter.is_alive():   # the watch failed the sweep
             sys.exit(report_error(watch.failure, code=1))
         if "error" in outcome:
             raise outcome["error"]
