@@ -14,7 +14,7 @@ whose submitting process watches the queue for jobs that will not start.
 - submitit follows its jobs' states with `sacct`, which needs SLURM's accounting storage. Where
   SLURM keeps none (`AccountingStorageType=accounting_storage/none`), every poll fails and prints
   two lines of noise, one of them from the `sacct` child itself, possibly after the sweep's own
-  error line. There `sacct` is not called (`_JobStates`): the jobs are followed by their result
+  error line. There `sacct` is not called (`job_states`): the jobs are followed by their result
   files and the queue watch, which is all a failing `sacct` left submitit anyway.
 """
 
@@ -28,7 +28,6 @@ from typing import Any
 
 from hydra.core.utils import JobReturn
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as SubmititSlurmLauncher
-from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
 
 
 SUBMITIT_POLL_DELAY_S = 600  # submitit's own longest delay between two polls of its SLURM jobs' states
@@ -150,19 +149,24 @@ def slurm_keeps_accounting() -> bool:
     return True
 
 
-class _JobStates(SlurmInfoWatcher):
-    """submitit's poller of its SLURM jobs' states (SlurmJob.watcher, shared by the process's jobs),
-    which asks `sacct` only where SLURM keeps accounting, and not at all once `stop()` is called."""
+def job_states(asks_sacct: bool) -> Any:
+    """submitit's poller of its SLURM jobs' states, to stand in SlurmJob.watcher (shared by the
+    process's jobs): it asks `sacct` only if `asks_sacct`, and not at all once `stop()` is called.
+    (submitit is imported here, not with the module: Hydra imports every launcher plugin.)"""
+    from submitit.slurm.slurm import SlurmInfoWatcher
 
-    def __init__(self, asks_sacct: bool) -> None:
-        super().__init__(delay_s=SUBMITIT_POLL_DELAY_S)
-        self.asks_sacct = asks_sacct
+    class JobStates(SlurmInfoWatcher):
+        def __init__(self) -> None:
+            super().__init__(delay_s=SUBMITIT_POLL_DELAY_S)
+            self.asks_sacct = asks_sacct
 
-    def stop(self) -> None:
-        self.asks_sacct = False
+        def stop(self) -> None:
+            self.asks_sacct = False
 
-    def _make_command(self) -> list[str] | None:  # None: no call (submitit's own "nothing to ask")
-        return super()._make_command() if self.asks_sacct else None
+        def _make_command(self) -> list[str] | None:  # None: no call (submitit's own "nothing to ask")
+            return super()._make_command() if self.asks_sacct else None
+
+    return JobStates()
 
 
 class SlurmLauncher(SubmititSlurmLauncher):
@@ -171,6 +175,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
 
     def launch(self, job_overrides: Any, initial_job_idx: int) -> Any:  # runs where the sweep is submitted
         from submitit.core.utils import JobPaths
+        from submitit.slurm.slurm import SlurmJob
 
         from ampgan import report_error
 
@@ -187,7 +192,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
                 outcome["error"] = err
 
         waiter = threading.Thread(target=submit_and_wait, name="ampgan-slurm-wait", daemon=True)
-        states = _JobStates(asks_sacct=slurm_keeps_accounting())
+        states = job_states(asks_sacct=slurm_keeps_accounting())
         saved, SlurmJob.watcher = SlurmJob.watcher, states
         watch.start()
         waiter.start()
