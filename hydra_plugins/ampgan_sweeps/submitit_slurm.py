@@ -201,11 +201,12 @@ class SlurmLauncher(SubmititSlurmLauncher):
                 waiter.join(timeout=0.5)
         finally:
             watch.stop()
-            if waiter.is_alive():   # it is left to end with the process: it asks nothing more, says nothing more
+            abandoned = waiter.is_alive()   # left to end with the process (the watch failed the sweep, or Ctrl-C)
+            if abandoned:   # it asks nothing more, so it says nothing more
                 states.stop()
             else:
                 SlurmJob.watcher = saved
-        if waiter.is_alive():   # the watch failed the sweep
+        if abandoned:   # the loop ended on the watch's failure
             sys.exit(report_error(watch.failure, code=1))
         if "error" in outcome:
             raise outcome["error"]
