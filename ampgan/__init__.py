@@ -1,9 +1,11 @@
 """ampgan: reproducible, logged mixed-precision experiments in MindSpore."""
 
 import difflib as _difflib
+import gc as _gc
 import os as _os
 import re as _re
 import sys as _sys
+from contextlib import contextmanager as _contextmanager
 
 # MindSpore prints a wall of C++ warnings at import unless told otherwise.
 _os.environ.setdefault("GLOG_v", "3")
@@ -75,3 +77,32 @@ def process_age() -> float:
         import psutil
 
         return time.time() - psutil.Process().create_time()
+
+
+@_contextmanager
+def frozen_imports(own_process: bool = True):
+    """Import-heavy work with Python's cyclic collector paused, and what it imported frozen after.
+
+    A command's imports make objects that live as long as its process: ~150k from MindSpore in a
+    run's check (through the nets it resolves), ~150k from MLflow in the tracking helper. While they
+    are young, each full collection walks them all again, and frees nothing: 3 full collections,
+    0.2 s, before the default run's first step; 0.18 s of the helper's 1.1 s `import mlflow`
+    (measured with gc.callbacks). Here the garbage made so far is collected first (the heap is
+    still small), the collector is paused through the block, and then every object alive moves
+    into the permanent generation (gc.freeze): never walked again, and never freed, as modules are
+    not. Garbage the block itself made is frozen with it (a run's check: 1,300 objects, 0.16 MB).
+    The collector runs as usual after it.
+
+    Only where the process is the command's own (`own_process`), and once: a caller's collector
+    is left alone, a paused one stays paused, and a process frozen once is not frozen again.
+    """
+    if not own_process or not _gc.isenabled() or _gc.get_freeze_count():
+        yield
+        return
+    _gc.collect()
+    _gc.disable()
+    try:
+        yield
+    finally:
+        _gc.freeze()
+        _gc.enable()

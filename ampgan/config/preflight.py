@@ -28,14 +28,12 @@ composed job (e.g. to validate a tool's own config node) and may raise AmpganErr
 from __future__ import annotations
 
 import copy
-import gc
 import itertools
 import os
 import re
 import sys
 from collections import OrderedDict
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -49,7 +47,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from ampgan import AmpganError, report_error
+from ampgan import AmpganError, frozen_imports, report_error
 from ampgan.config.hydra_compat import apply_overrides, get_args_parser
 from ampgan.config.schema import COMBINATIONS, CONF_DIR, GROUPS, Settings, closest, validate
 
@@ -119,31 +117,6 @@ def run_checked(main: Callable[[], object], config_name: str = "train", extra: E
         sys.exit(report_error(err))
     if not ran:
         main()
-
-
-@contextmanager
-def frozen_imports(own_process: bool):
-    """Import-heavy work with Python's cyclic collector paused, and what it imported frozen after.
-
-    A run's check imports MindSpore (through the nets it resolves): ~150k objects that live as long
-    as the process. While they are young, each full collection walks them all again; in the default
-    run that was 3 full collections before its first step, 0.2 s (measured with gc.callbacks), and
-    they freed nothing. Here the garbage made so far is collected first (the heap is still small),
-    the collector is paused through the block, and then every object alive moves into the
-    permanent generation (`gc.freeze`), never walked again, as modules are never freed; the
-    collector runs as usual after it. Only in a process that is the command's own (`own_process`),
-    and only once: a caller's own collector is left alone, and a paused one stays paused.
-    """
-    if not own_process or not gc.isenabled() or gc.get_freeze_count():
-        yield
-        return
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        gc.enable()
 
 
 def _parse_args(argv: list[str]):

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ampgan import AmpganError, process_age, report_error
+from ampgan import AmpganError, frozen_imports, process_age, report_error
 from ampgan.tracking.tracker import (JOURNAL, JOURNAL_SENT, Journal, MlflowTracker, mlflow_key, store_failure,
                              this_process, write_atomic)
 
@@ -287,9 +287,10 @@ def serve(setup: dict, lines, reply) -> int:
 def _start(setup: dict, run_name: str, params: dict, tags: dict) -> _HelperTracker:
     from ampgan.tracking.sync import end_lost_runs
 
-    tracker = _HelperTracker(setup["uri"], setup["experiment"], setup["flush_every"],
-                             Path(setup["run_dir"]) if setup["run_dir"] else None, setup["heartbeat_seconds"],
-                             owner=tuple(setup["owner"]))
+    with frozen_imports():   # this process is the helper's own: MLflow's import and store stay frozen
+        tracker = _HelperTracker(setup["uri"], setup["experiment"], setup["flush_every"],
+                                 Path(setup["run_dir"]) if setup["run_dir"] else None, setup["heartbeat_seconds"],
+                                 owner=tuple(setup["owner"]))
     end_lost_runs(tracker.client, tracker.experiment_id)
     tracker.start(run_name, params, tags)
     return tracker
