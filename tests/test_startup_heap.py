@@ -1,6 +1,7 @@
-"""A command's start-up heap is frozen once its check has imported MindSpore (issue 24,
-`preflight.frozen_imports`): the job runs with the collector on and the imports out of its way,
-the garbage frozen with them is only the check's own, and nobody else's collector is touched.
+"""A command's start-up heap is frozen once its check has imported MindSpore, and the tracking
+helper's once MLflow is imported and the store open (issue 24, `ampgan.frozen_imports`): the work
+after runs with the collector on and the imports out of its way, the garbage frozen with them is
+only the check's own, and nobody else's collector is touched.
 
 Each case runs in a fresh interpreter: the collector's state is the process's."""
 
@@ -89,3 +90,25 @@ def test_a_collector_the_caller_paused_stays_paused_and_nothing_is_frozen(tmp_pa
     got = probe(tmp_path, RUN, collector="paused")
     assert got["ran"] and got["job"]["mindspore"]
     assert got["job"]["enabled"] is False and got["job"]["frozen"] == 0 and got["frozen_garbage"] == []
+
+
+HELPER = textwrap.dedent("""
+    import gc, json, sys, time
+    from ampgan.tracking import helper
+
+    setup = {"uri": sys.argv[1], "experiment": "heap", "flush_every": 10, "run_dir": None,
+             "heartbeat_seconds": 30, "owner": ["test", 1], "command_started": time.time()}
+    tracker = helper._start(setup, "run", {"a": 1}, {"b": "c"})
+    print(json.dumps({"enabled": gc.isenabled(), "frozen": gc.get_freeze_count(), "mlflow": "mlflow" in sys.modules,
+                      "run": bool(tracker.run_id)}))
+""")
+
+
+def test_the_tracking_helper_starts_its_run_with_mlflow_frozen(tmp_path):
+    out = subprocess.run([sys.executable, "-c", HELPER, f"sqlite:///{tmp_path / 'mlflow.db'}"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                         env={**os.environ, "AMPGAN_OUTPUTS": str(tmp_path), "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.splitlines()[-1])
+    assert got["run"] and got["mlflow"] and got["enabled"]
+    assert got["frozen"] > 100_000, got   # MLflow's modules, its store's engine
