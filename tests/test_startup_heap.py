@@ -49,12 +49,16 @@ PROBE = textwrap.dedent("""
 """)
 
 
-def probe(tmp_path: Path, argv: list[str], collector: str = "on", runs: bool = True) -> dict:
-    out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argv), collector, "runs" if runs else "checks"],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=300,
-                         env={**os.environ, "AMPGAN_OUTPUTS": str(tmp_path), "PYTHONPATH": str(ROOT)})
+def fresh_python(tmp_path: Path, code: str, *args: str) -> dict:
+    """Run `code` in a fresh interpreter (outputs in tmp_path); its last line of output, as JSON."""
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=tmp_path,
+                         timeout=300, env={**os.environ, "AMPGAN_OUTPUTS": str(tmp_path), "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.splitlines()[-1])
+
+
+def probe(tmp_path: Path, argv: list[str], collector: str = "on", runs: bool = True) -> dict:
+    return fresh_python(tmp_path, PROBE, json.dumps(argv), collector, "runs" if runs else "checks")
 
 
 RUN = ["tracking=none", "trainer.max_steps=1"]
@@ -105,10 +109,6 @@ HELPER = textwrap.dedent("""
 
 
 def test_the_tracking_helper_starts_its_run_with_mlflow_frozen(tmp_path):
-    out = subprocess.run([sys.executable, "-c", HELPER, f"sqlite:///{tmp_path / 'mlflow.db'}"],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=300,
-                         env={**os.environ, "AMPGAN_OUTPUTS": str(tmp_path), "PYTHONPATH": str(ROOT)})
-    assert out.returncode == 0, out.stderr[-2000:]
-    got = json.loads(out.stdout.splitlines()[-1])
+    got = fresh_python(tmp_path, HELPER, f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert got["run"] and got["mlflow"] and got["enabled"]
     assert got["frozen"] > 100_000, got   # MLflow's modules, its store's engine
