@@ -16,6 +16,7 @@ from ampgan.config.schema import validate
 from ampgan.data import build_dataset
 from ampgan.steps.gan import CRITIC_LOSSES, GENERATOR_LOSSES
 from ampgan.tasks import build_task
+from ampgan.tracking.tracker import NullTracker
 from ampgan.training.loop import Progress, run_steps
 from tests.conftest import compose_cfg
 
@@ -35,7 +36,7 @@ def is_health(key: str) -> bool:
     return key.split("/")[-1] in (*HEALTH, "grad_norm", "act_max_abs", "headroom")
 
 
-class Recorder:
+class Recorder(NullTracker):
     """The tracker `run_steps` talks to, keeping what it was given."""
 
     def __init__(self):
@@ -168,8 +169,9 @@ def test_draining_statuses_in_blocks_reads_what_step_by_step_reads(scaler, healt
     table). Against the same run drained after every step: the same weights bit for bit, each
     block's losses the mean of its steps' losses, the same scale and skipped count at every
     drain, the same health where a drained step was measured."""
-    overrides = (*GAN, "amp=o2", f"scaler={scaler}", "scaler.window=3", "scaler.init_scale=16777216",
-                 f"trainer.grad_health={str(health).lower()}")
+    settings = {"none": (), "static": ("scaler.init_scale=16777216",), "fixed_clip": ("scaler.init_scale=16777216",)}
+    own = settings.get(scaler, ("scaler.window=3", "scaler.init_scale=16777216"))   # dynamic scalers: grow and back off
+    overrides = (*GAN, "amp=o2", f"scaler={scaler}", *own, f"trainer.grad_health={str(health).lower()}")
     block = 4
     runs = []
     for every in (1, block):
