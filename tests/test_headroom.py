@@ -24,6 +24,7 @@ from ampgan.data import build_dataset
 from ampgan.tasks import build_task
 from ampgan.training import hardware
 from ampgan.training.entry import train
+from ampgan.tracking.tracker import NullTracker
 from ampgan.training.loop import NEXT_COMMAND_TAG, WARNING_TAG, Progress, run_steps, warning_reason
 from tests.conftest import all_runs, compose_cfg
 
@@ -65,10 +66,8 @@ def build(*overrides: str):
     return s, build_task(s, build_dataset(s.data))
 
 
-class Recorder:
+class Recorder(NullTracker):
     """The tracker `run_steps` talks to, keeping what it was given."""
-
-    run_id = None
 
     def __init__(self):
         self.logged: list[tuple[int, dict[str, float]]] = []

@@ -81,6 +81,9 @@ def test_a_single_command_is_tracked_by_the_helper_and_the_store_holds_its_journ
     assert sent == len(records) and records[-1] == {"end": "FINISHED", "error": None}
     assert {"config.yaml", "samples", "checkpoints"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
     assert json.loads((folder / "tracking.json").read_text())["run_id"] == run.info.run_id
+    # the helper held the store back until the first step was done (its time is journaled then)
+    first_done = next(r["t"] for r in records if r.get("k") == "startup/first_step_s")
+    assert run.info.start_time >= first_done
     assert not helpers_of(outputs)
 
 

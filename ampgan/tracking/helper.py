@@ -1,14 +1,21 @@
-"""The tracker of a run in a helper process, so that opening the store overlaps the compile.
+"""The tracker of a run in a helper process, so that opening the store overlaps the training.
 
-Importing MLflow and opening its store take about 2 s of a command's start-up. In the training
-process they cannot overlap the compile of the steps, since both hold Python's GIL. A helper
-process (`python -m ampgan.tracking.helper`, started by `BackgroundTracker`) does them on the other
-core while the trainer builds and compiles; the trainer never imports MLflow.
+Importing MLflow and opening its store take about 2 s of one core. In the training process they
+cannot overlap the compile or the steps, since all of them hold Python's GIL. A helper process
+(`python -m ampgan.tracking.helper`, started by `BackgroundTracker`) does them on the other core;
+the trainer never imports MLflow.
 
     trainer (BackgroundTracker)                    helper (an MlflowTracker)
     journal the metrics, then hand them over  ->   import MLflow, open the store, end lost runs,
     (one JSON line each on the helper's stdin)     create the run, send metrics in batches,
                                               <-   the run id, its warnings as log lines, the end
+
+The helper holds the store back while the trainer compiles its first step: it takes the run's
+start, then waits for the trainer's "go" (sent when the first step is done, when the run id is
+asked for, or with the run's end) before it imports MLflow, at most HOLD_SECONDS. Beside the
+compile, its import and the store's opening cost the first step 0.1-0.2 s on a 2-core machine
+(measured cold, paired rounds); after it, they overlap the next steps, and the whole command
+takes as long. A compile longer than HOLD_SECONDS still shows its run in the store early.
 
 The journal (`metrics.jsonl`) stays with the trainer: a metric is in the run folder before it is
 handed over, so a hard kill of either process loses nothing that `python -m ampgan.sync` (or the
@@ -39,6 +46,7 @@ from ampgan.tracking.tracker import (JOURNAL, JOURNAL_SENT, Journal, MlflowTrack
 log = logging.getLogger("ampgan.tracking")
 
 HELPER_EXIT_SECONDS = 30.0  # after the end is delivered, how long the helper may take to exit
+HOLD_SECONDS = 10.0  # how long the helper holds the store back for the trainer's first step at most
 
 
 class BackgroundTracker:
@@ -53,7 +61,7 @@ class BackgroundTracker:
         self.uri, self.run_dir = uri, Path(run_dir) if run_dir else None
         setup = {"uri": uri, "experiment": experiment, "flush_every": flush_every, "heartbeat_seconds": heartbeat_seconds,
                  "run_dir": str(self.run_dir) if self.run_dir else None,
-                 "owner": this_process(),
+                 "owner": this_process(), "hold_seconds": HOLD_SECONDS,
                  "command_started": time.time() - process_age()}
         self._proc = subprocess.Popen([sys.executable, "-m", "ampgan.tracking.helper", json.dumps(setup)],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -63,6 +71,7 @@ class BackgroundTracker:
         self._reader.start()
         self._run_id: str | None = None
         self._started = False     # start() was called
+        self._released = False    # "go" was sent: the helper may open the store
         self._failed: str | None = None  # why the helper could not start the run
         self._raised = False
         self._gone = False         # the helper exited or its input broke
@@ -91,7 +100,7 @@ class BackgroundTracker:
             if msg["op"] == "started":
                 self._run_id = msg["run_id"]
                 log.info(f"run {self._run_id} created by the tracking helper ({msg['since_start']:.1f} s after the "
-                         f"command started; its store took {msg['seconds']:.1f} s of that, beside the build and compile)")
+                         f"command started; opening the store took {msg['seconds']:.1f} s of that)")
             elif msg["op"] == "failed":
                 self._failed = msg["error"]
             elif msg["op"] == "exit":  # before the reply awaited: the helper died (a "started" came first)
@@ -146,8 +155,15 @@ class BackgroundTracker:
     @property
     def run_id(self) -> str | None:
         if self._run_id is None and self._started and not (self._failed or self._gone):
+            self.first_step_done()   # asked for now: the helper must not hold the store back
             self._reply("started", block=True)
         return self._run_id
+
+    def first_step_done(self) -> None:
+        """The first step is compiled and done: the helper may import MLflow and open the store."""
+        if self._started and not self._released:
+            self._released = True
+            self._send("go")
 
     def start(self, run_name: str, params: dict[str, Any], tags: dict[str, str], resume_run_id: str | None = None) -> None:
         if resume_run_id:
@@ -188,6 +204,8 @@ class BackgroundTracker:
             if not self._gone:
                 self._reply("finished", block=True)
         self.close()
+        if status == "FINISHED":   # a store that refused the run after the trainer's last call: one error
+            self._check()          # (a failed or killed run keeps its own error)
 
     def close(self) -> None:
         """Let the helper go: end of its input, then wait for it (killed if it hangs)."""
@@ -249,11 +267,45 @@ class _ReplyHandler(logging.Handler):
         self.reply({"op": "log", "level": record.levelno, "text": record.getMessage()})
 
 
+def held_back(lines, hold_seconds: float):
+    """The trainer's messages (`lines`, JSON) in their order, those from "start" on held back until
+    its "go" (the first step is done, or the run id is wanted), its "finish", the end of its input,
+    or `hold_seconds` after the start, whichever comes first. "go" itself is not passed on."""
+    inbox: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        try:
+            for line in lines:
+                inbox.put(json.loads(line))
+        finally:
+            inbox.put(None)
+
+    threading.Thread(target=read, name="ampgan-helper-input", daemon=True).start()
+    held: list[dict] | None = None   # None: nothing held (before the start, or released)
+    deadline = 0.0
+    while True:
+        try:
+            msg = inbox.get(timeout=None if held is None else max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            msg = {"op": "go"}   # held long enough: a long compile still shows its run early
+        if held is None and msg is not None and msg["op"] == "start":
+            held, deadline = [msg], time.monotonic() + hold_seconds
+            continue
+        if held is not None and msg is not None and msg["op"] not in ("go", "finish"):
+            held.append(msg)
+            continue
+        yield from held or ()
+        held = None
+        if msg is None:
+            return
+        if msg["op"] != "go":
+            yield msg
+
+
 def serve(setup: dict, lines, reply) -> int:
     """Work through the trainer's hand-overs (`lines`, JSON) until the run ends or the input does."""
     tracker: _HelperTracker | None = None
-    for line in lines:
-        msg = json.loads(line)
+    for msg in held_back(lines, setup.get("hold_seconds", 0.0)):
         op = msg.pop("op")
         if op == "start":
             clock = time.perf_counter()

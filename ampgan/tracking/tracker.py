@@ -59,6 +59,7 @@ class NullTracker:
     def log_image(self, path: Path, key: str, step: int) -> None: ...
     def set_tags(self, tags: dict[str, str]) -> None: ...
     def finish(self, status: str = "FINISHED", error: str | None = None) -> None: ...
+    def first_step_done(self) -> None: ...
 
 
 def store_failure(uri: str, err: BaseException) -> str:
@@ -251,6 +252,9 @@ class MlflowTracker:
 
         items = [RunTag(mlflow_key(k), mlflow_value(v, MAX_TAG_VAL_LENGTH)) for k, v in tags.items()]
         self._try(lambda: self.client.log_batch(self.run_id, tags=items))
+
+    def first_step_done(self) -> None:
+        """Nothing held back for the compile: the store is open."""
 
     def finish(self, status: str = "FINISHED", error: str | None = None) -> None:
         """Flush, record the error, set the final status: never left RUNNING while the store answers.

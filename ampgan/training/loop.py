@@ -64,6 +64,7 @@ def run_steps(task, tracker, cfg, run_dir: Path, steps: range, progress: Progres
                 metrics = log_pending(task, tracker, cfg, progress)
                 if first:  # the first step compiles the graphs
                     tracker.log_metrics({"startup/first_step_s": time.perf_counter() - started}, 0)
+                    tracker.first_step_done()   # what the tracker held back for the compile may start
                 if layers_now:
                     tracker.log_metrics(task.layer_health(), step)
                 if print_now:
