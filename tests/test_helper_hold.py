@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 
 from mlflow.tracking import MlflowClient
 
@@ -107,14 +108,13 @@ def test_a_long_compile_is_held_for_hold_seconds_at_most():
     pipe.close()
 
 
-def helper(uri: str, hold_seconds: float) -> subprocess.Popen:
+@contextmanager
+def helper(uri: str, hold_seconds: float):
+    """The real helper process on the store `uri`: (the process, its replies); killed if a test fails."""
     setup = {"uri": uri, "experiment": "hold", "flush_every": 10, "heartbeat_seconds": 30.0, "run_dir": None,
              "owner": this_process(), "hold_seconds": hold_seconds, "command_started": time.time()}
-    return subprocess.Popen([sys.executable, "-m", "ampgan.tracking.helper", json.dumps(setup)], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "ampgan.tracking.helper", json.dumps(setup)], cwd=ROOT,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-
-
-def replies(proc: subprocess.Popen) -> queue.Queue:
     out: queue.Queue = queue.Queue()
 
     def read() -> None:
@@ -124,12 +124,23 @@ def replies(proc: subprocess.Popen) -> queue.Queue:
                 out.put(msg)
 
     threading.Thread(target=read, daemon=True).start()
-    return out
+    try:
+        yield proc, out
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def send(proc: subprocess.Popen, op: str, **fields) -> None:
     proc.stdin.write(json.dumps({"op": op, **fields}) + "\n")
     proc.stdin.flush()
+
+
+def end_run(proc: subprocess.Popen, out: queue.Queue) -> None:
+    """Finish the run; the helper confirms and exits cleanly."""
+    send(proc, "finish", status="FINISHED", error=None)
+    assert out.get(timeout=120)["op"] == "finished"
+    assert proc.wait(timeout=60) == 0
 
 
 def runs_in(uri: str) -> list:
@@ -140,9 +151,7 @@ def runs_in(uri: str) -> list:
 
 def test_the_helper_process_creates_the_run_only_once_let_go(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    proc = helper(uri, hold_seconds=600)
-    try:
-        out = replies(proc)
+    with helper(uri, hold_seconds=600) as (proc, out):
         send(proc, "start", run_name="held", params={"a": "1"}, tags={})
         send(proc, "metrics", metrics={"startup/build_s": 0.1}, step=0)
         # unheld, the helper creates the run in ~2-3 s here (MLflow's import, the store)
@@ -151,12 +160,7 @@ def test_the_helper_process_creates_the_run_only_once_let_go(tmp_path):
         send(proc, "go")
         started = out.get(timeout=120)
         assert started["op"] == "started", started
-        send(proc, "finish", status="FINISHED", error=None)
-        assert out.get(timeout=120)["op"] == "finished"
-        assert proc.wait(timeout=60) == 0
-    finally:
-        proc.kill()
-        proc.wait()
+        end_run(proc, out)
     (run,) = runs_in(uri)
     assert run.info.run_id == started["run_id"] and run.info.status == "FINISHED"
     assert run.data.params == {"a": "1"} and run.data.metrics == {"startup/build_s": 0.1}
@@ -164,15 +168,8 @@ def test_the_helper_process_creates_the_run_only_once_let_go(tmp_path):
 
 def test_the_helper_process_starts_the_run_after_hold_seconds_without_go(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    proc = helper(uri, hold_seconds=1.0)
-    try:
-        out = replies(proc)
+    with helper(uri, hold_seconds=1.0) as (proc, out):
         send(proc, "start", run_name="long compile", params={}, tags={})
         assert out.get(timeout=120)["op"] == "started"   # no go: a compile longer than the hold
         assert [r.info.status for r in runs_in(uri)] == ["RUNNING"]
-        send(proc, "finish", status="FINISHED", error=None)
-        assert out.get(timeout=120)["op"] == "finished"
-        assert proc.wait(timeout=60) == 0
-    finally:
-        proc.kill()
-        proc.wait()
+        end_run(proc, out)

@@ -105,9 +105,10 @@ def _pin_sources() -> None:
 def build_run_tracker(s: Settings, run_dir: Path, resume: Path | None = None):
     """(the run's tracker, whether a helper process runs it).
 
-    With `tracking.background` the store is opened in a helper process, once this one's first step
-    is done (ampgan/tracking/helper.py: it overlaps the steps, not the compile); the helper ends the experiment's lost runs first. In
-    process, that happens here, and a resumed run's journal reaches the store before it goes on.
+    With `tracking.background` the store is opened in a helper process once this one's first step
+    is done (ampgan/tracking/helper.py: it overlaps the steps, not the compile); the helper ends
+    the experiment's lost runs first. In process, that happens here, and a resumed run's journal
+    reaches the store before it goes on.
     """
     from ampgan.tracking.sync import end_lost_runs, sync_folder
     from ampgan.tracking.tracker import build_tracker, store_failure
