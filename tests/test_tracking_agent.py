@@ -185,3 +185,32 @@ def test_the_helper_tracks_only_new_runs_that_cannot_be_requeued(outputs):
     assert not background("tracking.background=always", "tracking=none")
     assert not background("tracking.background=auto")  # this process has loaded MLflow: opening the store is cheap
     assert "mlflow" in sys.modules
+
+
+def test_a_run_whose_process_is_a_zombie_counts_as_lost():
+    """A killed process waits as a zombie until its parent reaps it (a rank whose msrun was killed
+    too): it has ended, so its run is lost, and a live process's run is not."""
+    import socket
+    import time
+
+    from ampgan.tracking.sync import process_alive
+
+    def tags(proc: subprocess.Popen) -> dict[str, str]:
+        return {"ampgan.host": socket.gethostname(), "ampgan.pid": str(proc.pid),
+                "ampgan.pid_started": str(psutil.Process(proc.pid).create_time())}
+
+    live = subprocess.Popen(["sleep", "60"])
+    ended = subprocess.Popen(["sleep", "60"])
+    try:
+        live_tags, ended_tags = tags(live), tags(ended)
+        ended.kill()   # not waited for: a zombie until then
+        deadline = time.monotonic() + 10
+        while psutil.Process(ended.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert psutil.Process(ended.pid).status() == psutil.STATUS_ZOMBIE
+        assert not process_alive(ended_tags)
+        assert process_alive(live_tags)
+    finally:
+        for proc in (live, ended):
+            proc.kill()
+            proc.wait()

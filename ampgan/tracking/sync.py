@@ -86,7 +86,10 @@ def process_alive(tags: dict[str, str]) -> bool:
     if tags.get("ampgan.host") == socket.gethostname():
         pid = int(tags["ampgan.pid"])
         try:
-            started = psutil.Process(pid).create_time()
+            proc = psutil.Process(pid)
+            started = proc.create_time()
+            if proc.status() == psutil.STATUS_ZOMBIE:   # ended, not yet reaped by its parent
+                return False
         except psutil.Error:
             return False
         return abs(started - float(tags.get("ampgan.pid_started", started))) < 1.0

@@ -379,6 +379,8 @@ class Watch:
                     pass
 
     def _kill_all(self) -> None:
+        """Kill what is left, and wait until no rank runs: the run is ended after this, and a rank
+        still alive (SIGKILL is delivered asynchronously) would look like a run still going."""
         self._send(signal.SIGKILL)
         if self.proc.poll() is None:
             try:
@@ -386,6 +388,9 @@ class Watch:
             except (ProcessLookupError, PermissionError):
                 pass
         self.proc.wait()
+        deadline = time.monotonic() + self.GRACE_S
+        while any(alive(pid) for pid in self.pids.values()) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def _echo(self) -> None:
         """Rank 0's new log lines, on this process's stdout (MindSpore's own chatter left out)."""
