@@ -77,6 +77,17 @@ def sync_folder(folder: Path, end: bool = True) -> SyncResult:
     return result
 
 
+def running(pid: int) -> bool:
+    """The process `pid` runs: it exists and has not ended (a zombie, ended and waiting for its
+    parent to reap it, has: a killed rank whose msrun was killed too)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.Error:
+        return False
+
+
 def process_alive(tags: dict[str, str]) -> bool:
     """Is the process that runs this run still there? Same host: its pid (and start time); else its heartbeat."""
     import psutil
@@ -86,13 +97,10 @@ def process_alive(tags: dict[str, str]) -> bool:
     if tags.get("ampgan.host") == socket.gethostname():
         pid = int(tags["ampgan.pid"])
         try:
-            proc = psutil.Process(pid)
-            started = proc.create_time()
-            if proc.status() == psutil.STATUS_ZOMBIE:   # ended, not yet reaped by its parent
-                return False
+            started = psutil.Process(pid).create_time()
         except psutil.Error:
             return False
-        return abs(started - float(tags.get("ampgan.pid_started", started))) < 1.0
+        return running(pid) and abs(started - float(tags.get("ampgan.pid_started", started))) < 1.0
     beat = time.mktime(time.strptime(tags.get("ampgan.heartbeat", "1970-01-01T00:00:00Z"), "%Y-%m-%dT%H:%M:%SZ"))
     age = time.mktime(time.gmtime()) - beat
     period = float(tags.get("ampgan.heartbeat_seconds", 30))

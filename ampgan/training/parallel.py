@@ -42,6 +42,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ampgan import AmpganError
+from ampgan.tracking.sync import running
 
 log = logging.getLogger("ampgan")
 
@@ -272,19 +273,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def alive(pid: int) -> bool:
-    """The process runs (a zombie waiting for msrun to reap it counts as ended)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except (ProcessLookupError, PermissionError):
-            return False
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-
-
 class Watch:
     """msrun and its ranks, from the job's process: echo rank 0's log, notice a rank that died,
     forward Ctrl-C / SIGTERM to rank 0, and leave no process behind."""
@@ -317,11 +305,11 @@ class Watch:
                         self._on_signal(signal.SIGTERM, None)   # msrun was stopped (a SLURM cancel signals every process)
                     if not (self.signal and self._stopping()):
                         break
-                running = [r for r, pid in self.pids.items() if alive(pid)]
+                live = [r for r, pid in self.pids.items() if running(pid)]
                 for r, pid in self.pids.items():
-                    if r not in running and not (self.job / f"rank-{r}.exit").exists():
+                    if r not in live and not (self.job / f"rank-{r}.exit").exists():
                         self.dead.setdefault(r, "was killed (no exit record: SIGKILL, out of memory or a crash)")
-                if (self.pids and not running and len(self.pids) == self.workers or (self.dead and not running)
+                if (self.pids and not live and len(self.pids) == self.workers or (self.dead and not live)
                         or self._ended_badly()):
                     ended_at = ended_at or time.monotonic()
                     if time.monotonic() - ended_at > self.GRACE_S:
@@ -342,7 +330,7 @@ class Watch:
     def _stopping(self) -> bool:
         """Rank 0 is still finishing its step and checkpoint after a stop request."""
         pid = self.pids.get(0)
-        return pid is not None and alive(pid) and not (self.job / "rank-0.exit").exists()
+        return pid is not None and running(pid) and not (self.job / "rank-0.exit").exists()
 
     def _ended_badly(self) -> bool:
         """A rank has written a non-zero exit record (stopped by a signal, or failed): its run is
@@ -372,7 +360,7 @@ class Watch:
 
     def _send(self, sig: int, ranks=None) -> None:
         for r, pid in self.pids.items():
-            if (ranks is None or r in ranks) and alive(pid):
+            if (ranks is None or r in ranks) and running(pid):
                 try:
                     os.killpg(os.getpgid(pid), sig) if sig == signal.SIGKILL else os.kill(pid, sig)
                 except (ProcessLookupError, PermissionError):
@@ -389,7 +377,7 @@ class Watch:
                 pass
         self.proc.wait()
         deadline = time.monotonic() + self.GRACE_S
-        while any(alive(pid) for pid in self.pids.values()) and time.monotonic() < deadline:
+        while any(running(pid) for pid in self.pids.values()) and time.monotonic() < deadline:
             time.sleep(0.05)
 
     def _echo(self) -> None:
