@@ -9,7 +9,6 @@ transformer, the causal language model, a ResNet: ampgan_corpus.architectures) a
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -18,32 +17,10 @@ from hydra import compose, initialize_config_dir
 
 from ampgan.config.schema import CONF_DIR
 from ampgan.diagnose.command import diagnose
+from ampgan_corpus.cases import ARCHITECTURES, PLANTED as CORPUS, ArchitectureCase as Case
 
-FAST = ["tracking=none", "diagnose.steps=2", "diagnose.mode=synced", "diagnose.max_fixes=1"]
+FAST = ["tracking=none", "diagnose.steps=2", "diagnose.mode=synced", "diagnose.max_fixes=1", "diagnose.horizon=50"]
 
-# preset, expected verdict, expected layer ("" when there is none), why float16 fails there
-CORPUS = [
-    ("diag_healthy", "healthy", "",
-     "it does not: the gradients sit inside float16's range at the dynamic scale"),
-    ("diag_fp32_fails", "not_amp", "",
-     "it is not float16: lr 1e12 makes the FP32 twin's loss non-finite by step 2"),
-    ("diag_forward_overflow", "overflow", "head",
-     "features x 1e5 inside the cosine head exceed 65504: inf / inf = NaN in float16 only"),
-    ("diag_gp_overflow", "overflow", "critic.score.0",
-     "the penalty's inner gradient, taken unscaled, passes the first layer's ~1e4 weights and exceeds "
-     "65504 at the scaled input, while FP32's is ~16 and every forward value is small"),
-    ("diag_underflow", "underflow", "gen.body.4",
-     "critic weights 10x too small: the gradient reaching the generator through the critic (~1e-8) "
-     "flushes to zero at loss scale 1, half of the generator's gradient norm; FP32 trains"),
-    ("diag_scaler_too_high", "scaler", "critic.score.6",
-     "a static scale of 1e9 overflows the float16 backward seed: every step skipped"),
-    ("diag_precision", "precision", "head",
-     "features + 1e3 hold 11 significant bits in float16 (steps of 0.5): centring them inside the head "
-     "leaves almost nothing of the features, with every value far inside float16's range"),
-    ("diag_framework", "framework", "critic.score",
-     "it is not float16: PYNATIVE's second-order gradient of the penalty is wrong (the FP32 twin's too); "
-     "the conv critic's final Dense gets zero"),
-]
 
 
 def run(preset: str, *extra: str):
@@ -101,47 +78,6 @@ def test_planted_case(preset, verdict, layer, why):
 # The zoo's nets as a user changes them (ampgan_corpus.architectures), each preset's header says
 # why it fails in float16. Slow: a transformer's or a ResNet's replay, horizon and verify take
 # 1-3 minutes each on this CPU (measured times: experiments/README.md, the diagnose corpus).
-@dataclass(frozen=True)
-class Case:
-    preset: str
-    verdict: str
-    layer: str                        # "" when there is none
-    op: tuple[str, str, str] | None   # (op, its cell, its file) that Located.op names; None: no op expected
-    confirmed: str = ""               # a candidate fix that verify must confirm
-    net_fix: str = ""                 # a change to the net (an override) whose own diagnosis is healthy
-    refuted: str = ""                 # a candidate verify replays and must not confirm, with the verdict it gets
-    why: str = ""
-
-
-ARCHITECTURES = [
-    Case("diag_attention_overflow", "overflow", "blocks.0.attn", ("ops.matmul", "blocks.0.attn", "architectures.py"),
-         net_fix="model.net.qk_norm=true", refuted="amp.keep_fp32=[blocks.0.attn] precision",
-         why="ViT: q and k start 150x too large, q.k ~1.1e5 > 65504 is inf in float16 (softmax NaN); FP32's "
-             "softmax of big finite logits is fine. The kept attention still gets float16-rounded inputs, "
-             "which move logits of 1e5 by tens: only qk-norm fixes it"),
-    Case("diag_lm_attention_overflow", "overflow", "blocks.0.attn", ("ops.matmul", "blocks.0.attn", "architectures.py"),
-         net_fix="model.net.qk_norm=true", refuted="amp.keep_fp32=[blocks.0.attn] precision",
-         why="LM: the same large init (120x) on causal attention, q.k ~1e5; with the attention kept in FP32 "
-             "the backward overflows at 2^16 and 2^15, and once the scaler settles the gradients are far "
-             "from FP32's (median relative error ~0.9): verify replays it until it settles"),
-    Case("diag_lm_fp16_loss", "overflow", "", ("ops.cross_entropy", "", "lm.py"), confirmed="amp.fp32_loss=true",
-         why="LM with amp.fp32_loss=false: MindSpore's float16 NLLLoss on CPU accumulates every class's "
-             "log-probability (2048 positions x 96 x ~4.6 ~ 9e5 > 65504): the loss is NaN, every cell's output finite"),
-    Case("diag_lm_lr", "not_amp", "", None,
-         why="LM at lr 1e20: the FP32 twin's loss is not finite by step 2, no later than AMP's"),
-    Case("diag_hand_layernorm", "overflow", "embed_norm", ("Tensor.__mul__", "embed_norm", "architectures.py"),
-         confirmed="amp.keep_fp32=[embed_norm]",
-         why="ViT on raw 12-bit pixels (0..4095) normalised by a hand-written one-pass LayerNorm, which no AMP "
-             "level keeps in FP32: x * x passes 65504 in float16 (FP32 2.5e7), inf - inf = NaN"),
-    Case("diag_bn_o3", "overflow", "stem.1", ("BatchNorm", "stem.1", "zoo.py"), confirmed="amp=o2",
-         why="ResNet on raw 12-bit pixels under O3: the training steps match O2 (the kernel keeps batch statistics "
-             "in FP32), but BatchNorm's moving variance (~1e6 after 50 steps, an FP32 parameter) is inf in float16 "
-             "at inference: the run trails FP32 (eval/accuracy 0.10 vs 0.98), the same weights evaluate to 0.98 in "
-             "FP32, and the inference stage finds the stem's BatchNorm fed it; fixes verified on eval/accuracy"),
-    Case("diag_lm_underflow", "underflow", "pos", None, confirmed="scaler=static scaler.init_scale=16384",
-         why="LM whose loss divides the token mean by the 2048 tokens again: every gradient is 1/2048 of the "
-             "right one and flushes to zero in float16 at loss scale 1; Adam's FP32 steps do not depend on the scale"),
-]
 
 
 @pytest.mark.slow
