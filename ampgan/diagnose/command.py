@@ -4,6 +4,7 @@
     exit 1  an AMP problem (overflow, underflow, precision, scaler, framework); the fix is printed
     exit 3  not AMP: the FP32 twin fails the same way, no later
     exit 4  not reproduced: the run fails, but the replay did not reach or explain it (how to get there is printed)
+    exit 5  unexplained: FP32 trains, and no intervention tried removes the failure (the table shows them)
     exit 2  bad input (one line `ampgan: error: ...`)
 """
 
@@ -23,7 +24,8 @@ from ampgan.config.schema import validate
 from ampgan.tasks import load_data
 from ampgan.diagnose import report
 from ampgan.diagnose.config import diagnose_settings
-from ampgan.diagnose.pipeline import Analysis, analyse, framework_check, reference_for
+from ampgan.diagnose.interventions import candidates, confirm, table, unconfirmed
+from ampgan.diagnose.pipeline import Analysis, analyse, evidence_of, framework_check, reference_for
 from ampgan.diagnose.search import SearchResult, search_keep_list
 from ampgan.diagnose.horizon import BLOCK, run_horizon
 from ampgan.diagnose.verdict import NO_AMP_FIX, Fix, Verdict
@@ -40,6 +42,7 @@ class Result:
     checked: list[Checked] | None = None
     proof: Proof | None = None
     search: SearchResult | None = None
+    interventions: list[dict] | None = None   # the table of interventions tried (interventions.table)
     run_id: str | None = None
     folder: Path | None = None
 
@@ -117,6 +120,15 @@ def checkpoint_start(run_id: str, cfg: DictConfig, failed_at: int | None) -> Pat
     return checkpoint.newest_before(newest.parent, failed_at)
 
 
+def horizon_length(dcfg, max_steps: int, start_step: int, failed_at: int | None) -> int:
+    """How many steps the horizon trains from `start_step`: a logged run's up to its failure; else
+    `diagnose.horizon`, or (null) the rest of the run's own configured length, so that a failure
+    late in the run is reached (the time bound `diagnose.horizon_seconds` may still cut it short)."""
+    if failed_at is not None:
+        return max(1, failed_at - start_step)
+    return dcfg.horizon if dcfg.horizon is not None else max(1, max_steps - start_step)
+
+
 def lockstep_length(steps: int, horizon, start: Path | None) -> int:
     """`diagnose.steps`, or as many as reach the failure the horizon found from where the replay starts."""
     if horizon is None or horizon.amp.kind != "non_finite":
@@ -174,11 +186,11 @@ def diagnose(cfg: DictConfig, run_dir: Path, echo=print) -> Result:
         progress(framework.describe())
     with tempfile.TemporaryDirectory(prefix="ampgan-horizon-") as scratch:
         horizon = None
-        if dcfg.horizon:
-            steps = dcfg.horizon if failed_at is None else max(1, failed_at - checkpoint.step_of(start))
+        if dcfg.horizon != 0:
+            steps = horizon_length(dcfg, s.trainer.max_steps, checkpoint.step_of(start), failed_at)
             every = max(1, min(BLOCK, dcfg.steps))   # the failure known to within the replay's length
             # a logged run's FP32 twin may train on past the failure to see whether FP32 recovers
-            later = None if failed_at is None else min(s.trainer.max_steps, failed_at + dcfg.horizon)
+            later = None if failed_at is None else min(s.trainer.max_steps, failed_at + (dcfg.horizon or steps))
             horizon = run_horizon(s, data, steps, dcfg, Path(scratch), start, every, progress,
                                   run_failed_at=failed_at, run_failure=failure, recover_to=later)
             start = horizon.lockstep_start()
@@ -186,22 +198,30 @@ def diagnose(cfg: DictConfig, run_dir: Path, echo=print) -> Result:
         ref = reference_for(s, data, replay, progress, cache, start)
         modes = ["synced", "free"] if dcfg.mode == "both" else [dcfg.mode]
         analysis = analyse(s, dcfg, data, ref, modes, progress, dcfg.locate, framework, horizon, failed_at)
-        result = Result(analysis.verdict, analysis)
-        fixes = list(analysis.verdict.fixes)
-        if dcfg.search and analysis.verdict.on_evaluation:
+        hypothesis = analysis.verdict
+        result = Result(hypothesis, analysis)
+        if dcfg.search and hypothesis.on_evaluation:
             progress("search: skipped (the keep-list search replays training steps; this verdict is the evaluation's)")
-        elif dcfg.search and analysis.verdict.name not in NO_AMP_FIX:
+        elif dcfg.search and hypothesis.name not in NO_AMP_FIX:
             result.search = search_keep_list(cfg, dcfg, data, cache, progress, start)
-            fixes = [Fix([result.search.override], "minimal FP32 keep-list found by ddmin")] + [
-                f for f in fixes if f.overrides != [result.search.override]]
-            analysis.verdict.fixes = fixes
-        if dcfg.verify and fixes:
-            result.checked = verify_fixes(cfg, dcfg, fixes, data, cache, progress, start=start,
-                                          horizon=horizon if analysis.verdict.on_evaluation else None)
-            if result.search is not None:
-                result.search.confirmed = any(c.confirmed and c.fix.overrides == fixes[0].overrides for c in result.checked)
-    if dcfg.seeds and fixes:
-        best = next((c.fix for c in result.checked or [] if c.confirmed), None) or fixes[0]
+            hypothesis.fixes = [Fix([result.search.override], "minimal FP32 keep-list found by ddmin")] + [
+                f for f in hypothesis.fixes if f.overrides != [result.search.override]]
+        facts = evidence_of(analysis)
+        tried = candidates(hypothesis, facts)
+        if dcfg.verify:
+            if tried:   # each intervention replayed; over its own course too when the horizon saw the failure
+                seen = horizon is not None and (horizon.amp.failed_at is not None or horizon.amp_trails(dcfg))
+                result.checked = verify_fixes(cfg, dcfg, tried, data, cache, progress, start=start,
+                                              horizon=horizon if seen else None)
+            result.verdict = analysis.verdict = confirm(hypothesis, result.checked or [], facts)
+            result.interventions = table(result.checked or [], facts)
+        else:
+            result.verdict = analysis.verdict = unconfirmed(hypothesis)
+        if result.search is not None:
+            result.search.confirmed = any(c.confirmed and c.fix.overrides == [result.search.override]
+                                          for c in result.checked or [])
+    best = next((c.fix for c in result.checked or [] if c.confirmed and c.fix in result.verdict.fixes), None)
+    if dcfg.seeds and best is not None:   # only a fix whose replay removed the failure
         result.proof = prove_seeds(cfg, dcfg, best, data, progress)
     echo(report.terminal(result))
     publish(result, cfg, s, diagnosed, run_dir, time.perf_counter() - started)
@@ -227,12 +247,14 @@ def publish(result: Result, cfg: DictConfig, s, diagnosed: str | None, run_dir: 
         tags["ampgan.diagnosed_run"] = diagnosed
         tags["ampgan.start_step"] = str(result.analysis.ref.start_step)
     if v.fixes:
-        tags["ampgan.fix"] = (result.checked[0].fix if result.checked else v.fixes[0]).text
+        tags["ampgan.fix"] = v.fixes[0].text   # only fixes whose replay removed the failure are kept
     tags["mlflow.note.content"] = verdict_note(result)
     params = flatten(OmegaConf.to_container(cfg, resolve=True))
     with tracked_run(tracker, f"diagnose-{s.model.name}-{s.amp.level.lower()}-{s.scaler.name}", params, tags):
         metrics = {"diagnose/exit_code": float(v.exit_code), "diagnose/seconds": seconds,
-                   "diagnose/replay_seconds": result.synced.seconds}
+                   "diagnose/replay_seconds": result.synced.seconds,
+                   "diagnose/interventions": float(len(result.interventions or [])),
+                   "diagnose/interventions_removing": float(sum(r["removes_failure"] for r in result.interventions or []))}
         for net, t in result.synced.nets.items():
             from ampgan.diagnose.statistics import summarize_net
 

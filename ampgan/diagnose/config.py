@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -24,17 +25,20 @@ class DiagnoseConfig:
     underflow_fraction: float = 0.01  # u: share of a layer's gradient elements allowed below 2^-14
     framework_check: str = "auto"     # the FP32 twin's GP weight gradient vs finite differences: auto = whenever
                                       # the task has a second-order term (in the run's mode and compiled); never
-    horizon: int = 50             # training steps the run and its FP32 twin each train first: does the run fail,
-                                  # does FP32 (a logged run: up to its failure); 0: off (no `healthy` for a run)
-    horizon_seconds: float = 120.0  # time bound of each of the two horizon runs
+    horizon: Optional[int] = None  # training steps the run and its FP32 twin each train first: does the run fail,
+                                  # does FP32. null: the run's own length (trainer.max_steps; a logged run: up to
+                                  # its failure); 0: off (no `healthy` for a run)
+    horizon_seconds: float = 300.0  # time bound of each of the two horizon runs: a horizon it cuts short gives
+                                  # `not_reproduced` with the step reached, never `healthy`
     min_progress: float = 0.02    # share of the gap between the objective at step 0 and its best value that a run
                                   # must close over the horizon to count as learning
     diverge_tol: float = 0.5      # share of that gap the objective may worsen by before it is divergence
     trail_tol: float = 0.5        # a run that closes less than 1 - trail_tol of the share FP32 closes trails it:
                                   # its evaluation is checked in float16 (the inference stage)
     locate: bool = True           # instrument the first non-finite step (forward, GP inner gradient, backward)
-    verify: bool = False          # replay every candidate fix and rank them
-    max_fixes: int = 4            # candidates replayed by verify
+    verify: bool = True           # replay the interventions and decide the verdict by them (interventions.py);
+                                  # false: the rules' hypothesis alone, marked so, with no fix printed
+    max_fixes: int = 5            # interventions replayed, at most
     seeds: int = 0                # K > 0: re-check the best fix on K seeds against FP32 on the objective
     seed_steps: int = 150         # training steps per seed in that check
     margin: float = 0.05          # equivalence margin on the objective (accuracy: absolute; swd: relative)
@@ -48,7 +52,7 @@ class DiagnoseConfig:
         require(self.mode in MODES, f"diagnose.mode must be one of {', '.join(MODES)}, got '{self.mode}'")
         require(self.framework_check in FRAMEWORK_CHECKS,
                 f"diagnose.framework_check must be one of {', '.join(FRAMEWORK_CHECKS)}, got '{self.framework_check}'")
-        require(self.horizon >= 0, f"diagnose.horizon must be >= 0, got {self.horizon}")
+        require(self.horizon is None or self.horizon >= 0, f"diagnose.horizon must be >= 0 or null, got {self.horizon}")
         require(self.horizon_seconds > 0, f"diagnose.horizon_seconds must be > 0, got {self.horizon_seconds}")
         for key in ("rel_tol", "lost_tol", "skip_tol", "underflow_fraction", "margin", "min_progress", "diverge_tol", "trail_tol"):
             require(0 < getattr(self, key) < 1, f"diagnose.{key} must lie in (0, 1), got {getattr(self, key)}")

@@ -37,6 +37,7 @@ from ampgan.steps.gan import gradient_penalty
 ENTRIES = 6              # entries checked per weight matrix
 STEPS = (1e-3, 3e-4)     # the two finite-difference step sizes
 TOLERANCE = 0.2          # a parameter's relative error above which its gradient is wrong
+FP16_TOLERANCE = 0.05    # PYNATIVE vs jit at the run's precision: float16's rounding stays far below this
 SAMPLES = 8              # the penalty on the sub-step's first samples: fewer ReLU kinks inside a step
 EPS = STEPS[0]
 
@@ -64,10 +65,35 @@ class ModeCheck:
 
 
 @dataclass
+class PrecisionModes:
+    """The run's own nets (its precision) in its own mode against jit, on the same inputs: per
+    parameter |PYNATIVE - jit| / |jit| over the whole gradient. No finite differences in float16
+    (its rounding swamps them): the two modes must agree within float16's tolerance."""
+
+    precision: str                     # "O2", "O3", ...
+    errors: dict[str, float]           # parameter name -> relative disagreement (inf: not finite)
+
+    @property
+    def worst(self) -> tuple[str, float]:
+        return max(self.errors.items(), key=lambda kv: kv[1] if np.isfinite(kv[1]) else np.inf)
+
+    @property
+    def wrong(self) -> bool:
+        return any(not e <= FP16_TOLERANCE for e in self.errors.values())
+
+    def describe(self) -> str:
+        name, err = self.worst
+        return (f"{self.precision}: PYNATIVE vs jit, worst {name} relative disagreement {err:.3g} over "
+                f"{len(self.errors)} parameters (float16's tolerance {FP16_TOLERANCE:g}) -> "
+                f"{'WRONG' if self.wrong else 'agree'}")
+
+
+@dataclass
 class FrameworkCheck:
     run_mode: str                      # the mode the run uses
     modes: dict[str, ModeCheck] = field(default_factory=dict)
     entries: int = 0
+    at_precision: PrecisionModes | None = None   # a PYNATIVE run's own nets, PYNATIVE vs jit
 
     @property
     def run(self) -> ModeCheck:
@@ -75,24 +101,30 @@ class FrameworkCheck:
 
     @property
     def wrong(self) -> bool:
-        return self.run.wrong
+        """The run's mode gets the penalty's gradient wrong, in FP32 or at the run's precision."""
+        return self.run.wrong or (self.at_precision is not None and self.at_precision.wrong)
+
+    @property
+    def worst(self) -> tuple[str, float]:
+        return self.run.worst if self.run.wrong or self.at_precision is None else self.at_precision.worst
 
     @property
     def rel_err(self) -> float:
-        return self.run.worst[1]
+        return self.worst[1]
 
     @property
     def param(self) -> str:
         """The parameter whose gradient is the most wrong in the run's mode."""
-        return self.run.worst[0]
+        return self.worst[0]
 
     @property
     def compiled_right(self) -> bool:
         return "jit" in self.modes and not self.modes["jit"].wrong
 
     def describe(self) -> str:
+        same = f"; GP weight gradient at the run's precision, {self.at_precision.describe()}" if self.at_precision else ""
         return (f"GP weight gradient of the FP32 twin vs finite differences (steps {STEPS[0]:g} and {STEPS[1]:g}, "
-                f"{self.entries} entries): " + "; ".join(m.describe() for m in self.modes.values()))
+                f"{self.entries} entries): " + "; ".join(m.describe() for m in self.modes.values()) + same)
 
 
 def differences(value, param, indices, eps: float = EPS) -> np.ndarray:
@@ -171,3 +203,26 @@ def check_penalty_gradient(fp32_task, name: str, inputs, jit: bool) -> Framework
             zeros.extend(got == 0)
         out.modes[mode] = ModeCheck(mode, errors, float(np.mean(zeros)) if zeros else 0.0)
     return out
+
+
+def compare_modes(amp_task, name: str, inputs, precision: str) -> PrecisionModes:
+    """The run's own penalty gradient (its nets, its precision) in PYNATIVE against jit, on the
+    same inputs: a disagreement beyond float16's tolerance is the framework's, not float16's."""
+    _, net, args = amp_task.penalty(name, inputs)
+    args = tuple(a[:SAMPLES] for a in args)
+    params = net.trainable_params()
+
+    def penalty(*a):
+        return gradient_penalty(net, *a)
+
+    grad = ms.grad(penalty, None, params)
+    eager = [g.asnumpy().astype(np.float64) for g in grad(*args)]
+    compiled = [g.asnumpy().astype(np.float64) for g in ms.jit(grad)(*args)]
+    errors = {}
+    for p, e, c in zip(params, eager, compiled):
+        if not (np.isfinite(e).all() and np.isfinite(c).all()):
+            errors[p.name] = float("inf")
+            continue
+        scale = np.linalg.norm(c)
+        errors[p.name] = float(np.linalg.norm(e - c) / scale) if scale > 0 else float(np.linalg.norm(e) > 0)
+    return PrecisionModes(precision, errors)

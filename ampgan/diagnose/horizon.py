@@ -215,13 +215,16 @@ class Horizon:
 
 def run_horizon(s: Settings, data: Dataset, steps: int, dcfg, folder: Path, start: Path | None = None,
                 every: int = BLOCK, progress=lambda msg: None, run_failed_at: int | None = None,
-                run_failure: str = "", recover_to: int | None = None, fp32: Course | None = None) -> Horizon:
+                run_failure: str = "", recover_to: int | None = None, fp32: Course | None = None,
+                judge_progress: bool = True) -> Horizon:
     """The AMP run over `steps` steps (checkpoints every `every` into `folder`), then its FP32 twin
     up to the AMP run's failure (on to the end when AMP's loss went non-finite and FP32 has only
     diverged by then: does it recover? by `recover_to`, default the horizon's end; a logged run
     that failed at its horizon's last step gives a later one). `fp32`: the twin's course over the
-    same steps, already trained (a fix verified on the evaluation objective has the run's twin)."""
-    amp = train_course(s, data, "AMP", steps, dcfg, start, every, folder, progress, keep_task=True)
+    same steps, already trained (a fix verified on the evaluation objective has the run's twin).
+    `judge_progress` False: a course cut shorter than the run (an intervention's, past a non-finite
+    failure), where too little progress says nothing."""
+    amp = train_course(s, data, "AMP", steps, dcfg, start, every, folder, progress, judge_progress, keep_task=True)
     if fp32 is not None and amp.kind != "non_finite" and amp.done == fp32.done:   # the twin trained as far
         return Horizon(amp, fp32, start, run_failed_at, run_failure)
     fp32_steps = steps if amp.failed_at is None else max(1, amp.failed_at - amp.start_step)
@@ -229,5 +232,5 @@ def run_horizon(s: Settings, data: Dataset, steps: int, dcfg, folder: Path, star
     recover_to = recover_to or amp.start_step + steps
     recover_to = recover_to if amp.kind == "non_finite" and amp.start_step + fp32_steps < recover_to else None
     fp32 = train_course(fp32_twin_settings(s), data, "FP32", fp32_steps, dcfg, start, progress=progress,
-                        judge_progress=fp32_steps == steps, recover_to=recover_to)
+                        judge_progress=judge_progress and fp32_steps == steps, recover_to=recover_to)
     return Horizon(amp, fp32, start, run_failed_at, run_failure)

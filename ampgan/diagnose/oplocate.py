@@ -43,6 +43,8 @@ while the call's own output may stay finite (normalised to ~0). In the backward 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import contextlib
 import os
 import sys
@@ -215,6 +217,11 @@ class OpHit:
     in_net: bool = True   # False: in the loss computation, outside every net
     gradient: bool = False   # the values are the gradient at its output (backward), not the output
     cast_input: bool = False   # the values are an FP32 input the op computes with in float16 (inf once cast)
+
+    @property
+    def site(self) -> str:
+        """`Tensor.__mul__ at temperature_attention.py:27`: the op and its source line, short."""
+        return f"{self.op} at {Path(self.file).name}:{self.line}"
 
     def describe(self) -> str:
         scaled = " (times AMP's loss scale)" if self.gradient else ""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ampgan.config.schema import Settings
 from ampgan.data import Dataset
-from ampgan.diagnose.framework import FrameworkCheck, check_penalty_gradient
+from ampgan.diagnose.framework import FrameworkCheck, check_penalty_gradient, compare_modes
 from ampgan.diagnose.locate import Located, locate
 from ampgan.diagnose.ranges import ScaleFit, fit_scales
 from ampgan.diagnose.replay import (Reference, Trace, build_seeded, fp32_twin_settings, net_parameters,
@@ -19,7 +19,8 @@ from ampgan.diagnose.replay import (Reference, Trace, build_seeded, fp32_twin_se
 from ampgan.diagnose.horizon import Horizon
 from ampgan.diagnose.inference import Inference, check_inference
 from ampgan.diagnose.statistics import layer_rows, net_rel_err, summarize_net
-from ampgan.diagnose.verdict import Verdict, skips_nonfinite, decide
+from ampgan.diagnose.interventions import Evidence
+from ampgan.diagnose.verdict import Verdict, cell_of, decide, net_roots, skips_nonfinite
 from ampgan.diagnose.probe import make_loader
 from ampgan.tasks import task_class
 
@@ -50,12 +51,16 @@ class Analysis:
 
 def framework_check(s: Settings, data: Dataset, when: str, start: Path | None = None) -> FrameworkCheck | None:
     """The GP gradient check on a fresh FP32 twin, whenever the task has a second-order term
-    (`when`: auto/always; never: off), in the run's mode and compiled."""
+    (`when`: auto/always; never: off), in the run's mode and compiled; for a run that is not
+    jitted and not FP32, its own nets too, PYNATIVE against jit at its precision, same inputs."""
     if not task_class(s).has_penalty or when == "never":
         return None
     fp32_task = build_seeded(fp32_twin_settings(s), data, start)
     name, inputs = next((n, i) for n, i in fp32_task.step_inputs() if fp32_task.penalty(n, i) is not None)
-    return check_penalty_gradient(fp32_task, name, inputs, s.hardware.jit)
+    check = check_penalty_gradient(fp32_task, name, inputs, s.hardware.jit)
+    if not s.hardware.jit and s.amp.level != "O0":
+        check.at_precision = compare_modes(build_seeded(s, data, start), name, inputs, s.amp.level)
+    return check
 
 
 def analyse(s: Settings, dcfg, data: Dataset, ref: Reference, modes: list[str], progress,
@@ -85,11 +90,13 @@ def analyse(s: Settings, dcfg, data: Dataset, ref: Reference, modes: list[str], 
 
 def failure_step(synced: Trace, s: Settings, dcfg):
     """Of the bad sub-steps the replay kept, the one the verdict is about: the first failing net's
-    first failure (after its scaler settled); else the first bad one; None when no net fails."""
+    first failure (after its scaler settled); else the first bad one (a scaler that skips every
+    step may be finding its scale, or meeting an overflow no scale ends: the interventions tell);
+    None when no step was bad."""
     skips = skips_nonfinite(s)
     failing = {n: x for n, t in synced.nets.items() if (x := summarize_net(t)).failing(skips, dcfg.skip_tol)}
-    if not failing:   # nothing for the verdict to locate (a scaler finding its scale)
-        return None
+    if not failing:
+        return synced.bad[0] if synced.bad else None
     firsts = [(x.first_failure, n) for n, x in failing.items() if x.first_failure is not None]
     if firsts:
         iteration, net = min(firsts)
@@ -106,3 +113,34 @@ def reference_for(s: Settings, data: Dataset, steps: int, progress, cache: dict,
     if key not in cache:
         cache[key] = record_reference(s, data, steps, progress, start)
     return cache[key]
+
+
+def evidence_of(a: Analysis) -> Evidence:
+    """The plain facts the interventions stage reads (`interventions.Evidence`), from the analysis."""
+    s, h, ref = a.settings, a.horizon, a.ref
+    sums = [summarize_net(t) for t in a.synced.nets.values()]
+    amp_first = min((x.first_failure for x in sums if x.first_failure is not None), default=None)
+    in_replay = ref.failed_at is not None and (amp_first is None or ref.failed_at <= amp_first)
+    fp32_fails = in_replay or (h is not None and h.fp32_fails_first())
+    if h is not None:
+        fp32_line = h.fp32.describe()
+    elif ref.failed_at is not None:
+        fp32_line = f"not finite in the replay at step {ref.failed_at} ({ref.failure})"
+    else:
+        fp32_line = f"finite over the {ref.steps[-1].iteration} replayed steps"
+    if in_replay and h is not None:
+        fp32_line += f"; in the replay not finite at step {ref.failed_at} ({ref.failure})"
+    return Evidence(jit=s.hardware.jit, scale=float(getattr(s.scaler, "init_scale", 1.0)),
+                    nonfinite=any(x.nonfinite for x in sums) or (h is not None and h.amp.kind == "non_finite"),
+                    located_cell=located_cell(a.located, net_roots(a.synced)), fp32_fails=fp32_fails, fp32_line=fp32_line)
+
+
+def located_cell(located: Located | None, net_roots: tuple[str, ...]) -> str:
+    """The keep-list path of the cell where the first bad value was found: the op's own cell when the
+    op is known, the cell (forward, the penalty's inner gradient) or the parameter's cell (backward);
+    "" for the loss itself or when nothing was located."""
+    if located is None or located.phase == "loss":
+        return ""
+    if located.op is not None and located.op.cell:
+        return located.op.cell
+    return located.where if located.phase != "backward" else cell_of(located.where, net_roots)

@@ -40,15 +40,15 @@ def terminal(result) -> str:
                      f"{r['nonfinite_steps']}  {rng}")
     if result.free is not None:
         lines.append(f"free-running: {result.free}")
-    if v.fixes:
-        lines.append("fix:" if result.checked is None else "fixes (verified, best first):")
-        if result.checked is None:
-            lines += [f"  {f.text}    # {f.why}" for f in v.fixes]
-        else:
-            for c in result.checked:
-                mark = "confirmed" if c.confirmed else f"not confirmed ({c.verdict})"
-                lines.append(f"  {c.fix.text}    # {mark}; rel. error {c.rel_err:.3g}; FP32 share {c.fp32_share:.2f}; "
-                             f"{c.seconds:.1f}s")
+    if result.interventions:
+        lines.append("interventions (each replayed from the same state, on the same batches and seed):")
+        width = max(len(r["intervention"]) for r in result.interventions)
+        for r in result.interventions:
+            took = f"; {r['seconds']:.1f}s" if np.isfinite(r["seconds"]) else ""
+            lines.append(f"  {r['intervention']:<{width}}  tests {r['tests']:<10} {r['outcome']}{took}")
+    if v.fixes:   # only interventions whose replay removed the failure
+        lines.append("fix (its replay removed the failure):")
+        lines += [f"  {f.text}    # {f.why}" for f in v.fixes]
     elif v.name == "not_amp":
         lines.append("fix: none offered by diagnose: FP32 fails the same way")
     if result.proof is not None:
@@ -138,5 +138,16 @@ def write_files(result, folder: Path) -> tuple[list[Path], dict]:
         (folder / f"{stem}.png").write_bytes(pngs[stem])
     page = folder / "report.html"
     page.write_text(html(result, pngs))
-    return [csv_path, heat_path, md, page], figs
+    files = [csv_path, heat_path, md, page]
+    if result.interventions:
+        tried = folder / "interventions.csv"
+        with tried.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=INTERVENTION_COLUMNS)
+            writer.writeheader()
+            writer.writerows(result.interventions)
+        files.append(tried)
+    return files, figs
+
+
+INTERVENTION_COLUMNS = ["intervention", "tests", "outcome", "removes_failure", "seconds"]
 

@@ -49,14 +49,19 @@ from ampgan.config.schema import Settings
 from ampgan.diagnose.ranges import ScaleFit, merge_fits
 from ampgan.diagnose.statistics import layer_rows, settling_steps, summarize_net
 
-NO_AMP_FIX = ("healthy", "not_amp", "framework", "not_reproduced")   # verdicts that offer no float16 fix to search for
-EXIT_CODES = {"healthy": 0, "not_amp": 3, "not_reproduced": 4}   # every other verdict: 1 (an AMP problem, fix printed)
+NO_AMP_FIX = ("healthy", "not_amp", "framework", "not_reproduced", "unexplained")   # verdicts that offer no float16 fix to search for
+EXIT_CODES = {"healthy": 0, "not_amp": 3, "not_reproduced": 4, "unexplained": 5}   # every other verdict: 1 (an AMP
+# problem; its fix printed when an intervention removed the failure: ampgan/diagnose/interventions.py)
 
 
 @dataclass
 class Fix:
+    """An intervention: overrides replayed from the same state on the same batches. `cause`: the
+    verdict it confirms when it removes the failure ("" until `decide` names it: the verdict's own)."""
+
     overrides: list[str]
     why: str
+    cause: str = ""
 
     @property
     def text(self) -> str:
@@ -110,17 +115,17 @@ def skips_nonfinite(s: Settings) -> bool:
     return s.scaler.name in ("dynamic", "underflow_aware") or bool(getattr(s.scaler, "skip_nonfinite", False))
 
 
-def _scale_fixes(s: Settings, common: ScaleFit | None) -> list[Fix]:
+def _scale_fixes(s: Settings, common: ScaleFit | None, cause: str = "scaler") -> list[Fix]:
     best = common.best() if common is not None else None
     scale = best or 1024.0
     why = ("the low end of the loss-scale range every layer fits" if common is not None and common.fits
            else "the highest loss scale that does not overflow (no single scale fits every layer)")
     fixes = []
     if hasattr(s.scaler, "init_scale") and s.scaler.name != "dynamic":
-        fixes.append(Fix([f"scaler.init_scale={scale:g}"], why))
+        fixes.append(Fix([f"scaler.init_scale={scale:g}"], why, cause))
     elif s.scaler.name == "none":
-        fixes.append(Fix(["scaler=static", f"scaler.init_scale={scale:g}"], why))
-    fixes.append(Fix(["scaler=dynamic", f"scaler.init_scale={scale:g}"], "dynamic scaling from that scale"))
+        fixes.append(Fix(["scaler=static", f"scaler.init_scale={scale:g}"], why, cause))
+    fixes.append(Fix(["scaler=dynamic", f"scaler.init_scale={scale:g}"], "dynamic scaling from that scale", cause))
     return fixes
 
 
@@ -147,8 +152,10 @@ def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=N
         fixes = ([Fix(["hardware.jit=true", "hardware.unsafe_pynative_gp=false"],
                       "the compiled penalty gradient matched finite differences")]
                  if framework.run_mode != "jit" and framework.compiled_right else [])
+        where = ("in FP32 too" if framework.run.wrong else
+                 f"at the run's precision, where jit's agrees with FP32's ({framework.at_precision.precision})")
         return Verdict("framework", f"the gradient penalty's second-order gradient is wrong in {framework.run_mode} "
-                       "mode, in FP32 too: MindSpore, not float16", [framework.describe()] + ev,
+                       f"mode, {where}: MindSpore, not float16", [framework.describe()] + ev,
                        cell_of(framework.param), fixes)
     if horizon is not None and horizon.fp32_fails_first(("non_finite", "diverged")):
         return _fp32_fails(horizon, ev)
@@ -172,7 +179,8 @@ def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=N
             fixes = (keep_fixes([where], "{} computes in FP32, beyond float16's range")
                      + keep_fixes([p for p in [where.rpartition(".")[0]] if p != where and p not in roots],
                                   "the enclosing cell {} in FP32"))
-            return Verdict("overflow", f"forward overflow in float16 at {where}", ev, where, fixes)
+            site = f" ({located.op.site})" if located.op is not None else ""
+            return Verdict("overflow", f"forward overflow in float16 at {where}{site}", ev, where, fixes)
         if located.phase == "loss":  # every cell's output finite: the loss itself, not a cell
             fixes = [] if s.amp.fp32_loss else [Fix(["amp.fp32_loss=true"], "the loss in FP32")]
             return Verdict("overflow", "the loss overflows float16 (every cell's output is finite)", ev, "",
@@ -189,7 +197,8 @@ def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=N
             return Verdict("scaler", f"loss scale {scale:g} is above what the gradients allow "
                            f"(<= 2^{fit.k_hi}): the scaler overflows the backward pass itself", ev,
                            cell_of(located.where, roots), _scale_fixes(s, common))
-        return Verdict("overflow", f"backward overflow in float16 at {located.where}", ev, cell_of(located.where, roots),
+        site = f" ({located.op.site})" if located.op is not None else ""
+        return Verdict("overflow", f"backward overflow in float16 at {located.where}{site}", ev, cell_of(located.where, roots),
                        keep_fixes([cell_of(located.where, roots)], "that layer in FP32") + _scale_fixes(s, common))
     for n, x in sums.items():
         if s.scaler.name in ("dynamic", "underflow_aware") and x.scale_changes > max(3, x.substeps / 3):
@@ -218,8 +227,8 @@ def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=N
                      f"{100 * worst_lost['subnormal_max']:.1f}% subnormal, at loss scale {sums[net].scale_last:g}")
         where = cell_of(worst_lost["param"], roots) or worst_lost["param"]   # a parameter on the net itself: itself
         return Verdict("underflow", f"float16 underflow: gradients flushed to zero in {where}", ev, where,
-                       _scale_fixes(s, common) + [Fix(["scaler=underflow_aware"], "raises the scale when gradients sit "
-                                                       "in float16's subnormal range")]
+                       _scale_fixes(s, common, "underflow") + [Fix(["scaler=underflow_aware"], "raises the scale when "
+                                                                    "gradients sit in float16's subnormal range")]
                        + keep_fixes([cell_of(worst_lost["param"], roots)], "that layer in FP32"))
     unsettled = [n for n, x in sums.items() if x.finding_scale]   # no finite AMP step: none compared with FP32
     # finite: a NaN made its net fail above, except for a net still finding its scale
@@ -268,8 +277,20 @@ def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=N
         return Verdict("healthy", tracks + f" over {ref.steps[-1].iteration} replayed steps (diagnose.horizon=0: "
                        "whether the run trains was not checked)", ev)
     a = horizon.amp
+    if a.timed_out:   # never `healthy` about steps nobody trained
+        end = a.start_step + a.planned
+        return Verdict("not_reproduced", f"{tracks}, but the horizon stopped at step {a.last_step} of {end} after "
+                       f"{a.seconds:.0f}s (diagnose.horizon_seconds): the run's later steps were not followed", ev
+                       + [f"how to get there: python -m ampgan.diagnose <the same overrides> diagnose.horizon_seconds="
+                          f"{_enough_seconds(a):.0f} (about {a.seconds / max(a.done, 1):.2g}s a step here), or "
+                          f"diagnose.run=<id> of a run that wrote checkpoints (trainer.checkpoint_every) near its failure"])
     return Verdict("healthy", f"{tracks}, and the run does not fail over {a.done} steps "
                    f"({a.objective} {a.before:.4g} -> {a.after:.4g})", ev)
+
+
+def _enough_seconds(course) -> float:
+    """A time bound that lets a course cut short by it train its planned steps, with a margin."""
+    return 1.5 * course.seconds * course.planned / max(course.done, 1)
 
 
 def _inference_verdict(s: Settings, inference, ev: list[str]) -> Verdict:

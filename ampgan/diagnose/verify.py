@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from ampgan import AmpganError
 from ampgan.config.schema import CONF_DIR, GROUPS, Settings, validate
 from ampgan.data import Dataset
-from ampgan.diagnose.horizon import Horizon, run_horizon
+from ampgan.diagnose.horizon import BLOCK, Horizon, run_horizon
 from ampgan.diagnose.pipeline import analyse, reference_for
 from ampgan.diagnose.replay import build_seeded, fp32_twin_settings
 from ampgan.diagnose import statistics
@@ -89,8 +89,10 @@ class Checked:
 
 def verify_fixes(cfg: DictConfig, dcfg, fixes: list[Fix], data: Dataset, cache: dict, progress,
                  steps: int | None = None, start: Path | None = None, horizon: Horizon | None = None) -> list[Checked]:
-    """`horizon`: the diagnosis's, for a verdict found in the evaluation (each candidate then trains
-    over it and is judged on the evaluation objective); None: the replay alone."""
+    """Replay each intervention (`fixes`, at most `diagnose.max_fixes`) from the same start, seed and
+    batches; its verdict `healthy` means it removes the failure. `horizon`: the diagnosis's, when the
+    failure was seen there (each candidate then trains its own course over it, `course_length`, and is
+    judged on it too, the evaluation objective included); None: the lockstep replay alone."""
     out = []
     twin = repr(fp32_twin_settings(validate(cfg))) if horizon is not None else ""
     for fix in fixes[: dcfg.max_fixes]:
@@ -103,8 +105,9 @@ def verify_fixes(cfg: DictConfig, dcfg, fixes: list[Fix], data: Dataset, cache: 
             own = None
             if horizon is not None:   # the candidate's own course; the run's FP32 twin when it is the same
                 same = repr(fp32_twin_settings(s)) == twin
-                own = run_horizon(s, data, horizon.amp.planned, dcfg, None, horizon.start, 0, progress,
-                                  fp32=horizon.fp32 if same else None)
+                length = course_length(horizon)
+                own = run_horizon(s, data, length, dcfg, None, horizon.start, 0, progress,
+                                  fp32=horizon.fp32 if same else None, judge_progress=length == horizon.amp.planned)
             a = analyse(s, dcfg, data, ref, ["synced"], progress, with_locate=False, horizon=own)
             if (longer := settling_steps(a, n)) is not None:
                 progress(f"verify: {fix.text}: the scaler was still finding its scale after {n} steps; "
@@ -120,6 +123,15 @@ def verify_fixes(cfg: DictConfig, dcfg, fixes: list[Fix], data: Dataset, cache: 
         out.append(Checked(fix, a.verdict.name, rel, sum(x.nonfinite for x in sums), kept_share(a),
                            time.perf_counter() - started))
     return sorted(out, key=lambda c: (not c.confirmed, c.rel_err if np.isfinite(c.rel_err) else 1e9, c.fp32_share))
+
+
+def course_length(horizon: Horizon) -> int:
+    """How far an intervention's own course trains: the run's whole horizon, except past a
+    non-finite loss, where as far again beyond the failing step (at least a block) shows it gone."""
+    a = horizon.amp
+    if a.kind != "non_finite":
+        return a.planned
+    return min(a.planned, 2 * (a.failed_at - a.start_step) + BLOCK)
 
 
 def settling_steps(a, steps: int) -> int | None:

@@ -1,0 +1,115 @@
+"""diagnose's confusion table over its corpus: every case's expected verdict against the one it gets.
+
+    python -m experiments.diagnose_cases                      # every case: planted, architectures, realistic
+    python -m experiments.diagnose_cases --only realistic     # one group (planted | architectures | realistic)
+    python -m experiments.diagnose_cases --write-docs         # and put the table into docs/diagnose.md
+
+The cases and their expected verdicts are `ampgan_corpus/cases.py`, the same the tests read; each
+runs as the tests run it (tracking off; the planted ones with the corpus test's short replay). A
+line per case as it ends; the results go to outputs/diagnose_cases.json as they come (a stopped
+run keeps what it finished), and the table to stdout (and, asked, between the markers in
+docs/diagnose.md). Takes long: about 1-5 minutes a case on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "diagnose.md"
+BEGIN, END = "<!-- confusion table: python -m experiments.diagnose_cases --write-docs -->", "<!-- end of confusion table -->"
+PLANTED_OVERRIDES = ("diagnose.steps=2", "diagnose.mode=synced", "diagnose.max_fixes=1", "diagnose.horizon=50")
+
+
+def corpus(groups: list[str]) -> list[tuple[str, str, str, tuple[str, ...]]]:
+    """(group, preset, expected verdict, overrides) of every case in `groups`."""
+    from ampgan_corpus.cases import ARCHITECTURES, PLANTED, REALISTIC
+
+    out = []
+    if "planted" in groups:
+        out += [("planted", preset, verdict, PLANTED_OVERRIDES) for preset, verdict, *_ in PLANTED]
+    if "architectures" in groups:
+        out += [("architectures", c.preset, c.verdict, ("diagnose.max_fixes=2",)) for c in ARCHITECTURES]
+    if "realistic" in groups:
+        out += [("realistic", c.preset, c.verdict, ("diagnose.mode=synced", *c.overrides)) for c in REALISTIC]
+    return out
+
+
+def diagnose_one(preset: str, overrides: tuple[str, ...]) -> tuple[str, str, float]:
+    """(verdict, headline, seconds) of one case; a case that raises gets verdict "error"."""
+    from hydra import compose, initialize_config_dir
+
+    from ampgan import AmpganError
+    from ampgan.config.schema import CONF_DIR
+    from ampgan.diagnose.command import diagnose
+
+    started = time.perf_counter()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="diagnose_main", overrides=[f"+experiment={preset}", "tracking=none",
+                                                               "diagnose.progress=false", *overrides])
+    try:
+        with tempfile.TemporaryDirectory(prefix="ampgan-cases-") as folder:
+            v = diagnose(cfg, Path(folder), echo=lambda *a, **k: None).verdict
+        return v.name, v.headline, time.perf_counter() - started
+    except AmpganError as err:
+        return "error", str(err), time.perf_counter() - started
+
+
+def confusion(rows: list[dict]) -> str:
+    """The markdown table: expected verdicts down, verdicts got across, then every case's line."""
+    names = sorted({r["expected"] for r in rows} | {r["got"] for r in rows})
+    right = sum(r["expected"] == r["got"] for r in rows)
+    out = [f"{right} of {len(rows)} cases get their expected verdict.", "",
+           "| expected \\ got | " + " | ".join(f"`{n}`" for n in names) + " |", "|---|" + "---|" * len(names)]
+    for e in names:
+        counts = [sum(r["expected"] == e and r["got"] == g for r in rows) for g in names]
+        if any(counts):
+            out.append(f"| `{e}` | " + " | ".join(str(c) if c else "." for c in counts) + " |")
+    out += ["", "| case | group | expected | got | seconds |", "|---|---|---|---|---|"]
+    out += [f"| `{r['preset']}`{' ' + ' '.join(r['extra']) if r['extra'] else ''} | {r['group']} | `{r['expected']}` | "
+            f"{'' if r['got'] == r['expected'] else '**'}`{r['got']}`{'' if r['got'] == r['expected'] else '**'} | "
+            f"{r['seconds']:.0f} |" for r in rows]
+    return "\n".join(out)
+
+
+def write_docs(table: str, doc: Path = DOC) -> None:
+    """Replace what stands between the markers in `doc` with `table` (the markers must be there)."""
+    text = doc.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"experiments.diagnose_cases: error: {doc} has no confusion-table markers")
+    head, rest = text.split(BEGIN, 1)
+    doc.write_text(head + BEGIN + "\n" + table + "\n" + END + rest.split(END, 1)[1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.diagnose_cases", description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=("planted", "architectures", "realistic"), action="append")
+    parser.add_argument("--write-docs", action="store_true", help="put the table into docs/diagnose.md")
+    parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "diagnose_cases.json")
+    args = parser.parse_args(argv)
+    cases = corpus(args.only or ["planted", "architectures", "realistic"])
+    rows: list[dict] = []
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    for i, (group, preset, expected, overrides) in enumerate(cases, 1):
+        got, headline, seconds = diagnose_one(preset, overrides)
+        extra = [o for o in overrides if o not in PLANTED_OVERRIDES and not o.startswith("diagnose.m")]
+        rows.append({"group": group, "preset": preset, "extra": extra, "expected": expected, "got": got,
+                     "headline": headline, "seconds": seconds})
+        args.out.write_text(json.dumps(rows, indent=1))
+        mark = "ok" if got == expected else "WRONG"
+        print(f"[{i}/{len(cases)}] {preset} {' '.join(extra)}: expected {expected}, got {got} ({mark}, {seconds:.0f}s)",
+              file=sys.stderr, flush=True)
+    table = confusion(rows)
+    print(table)
+    if args.write_docs:
+        write_docs(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
