@@ -100,7 +100,6 @@ REALISTIC = [
     Case("case_classifier_lr1", "healthy",
          why="Adam at lr 1.0 on digits: written as 'falls to chance after step 50 in FP32 too' (a report), measured "
              "to train in both over its 500 steps (0.986 AMP, 0.969 FP32)"),
-    Case("case_gaussians_lr_high", "not_amp", why="Adam at lr 0.3 on the Gaussians fails in FP32 too"),
     Case("case_pynative_wgan_o2", "framework", fix="hardware.jit=true hardware.unsafe_pynative_gp=false",
          why="PYNATIVE's penalty gradient is right in FP32 for Dense nets, wrong under O2: the mode, not float16"),
     Case("case_pynative_wgan_swissroll_o3", "framework", fix="hardware.jit=true hardware.unsafe_pynative_gp=false",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
@@ -56,3 +57,30 @@ def check(case: Case, result) -> None:
                          ids=[c.preset + ("-" + "-".join(c.overrides) if c.overrides else "") for c in CASES])
 def test_case(case: Case):
     check(case, run_case(case))
+
+
+def test_the_temperature_net_through_the_python_api(outputs):
+    """The same user's net through `ampgan.api.diagnose`, as a script passes it: a mindspore.dataset
+    pipeline of the digits, a loss Cell and an optimizer factory. overflow at line 27 of the user's
+    file, with the keep-list fix confirmed by its replay and the scale intervention refuted."""
+    import mindspore as ms
+    import mindspore.dataset as ds
+    from mindspore import nn
+    from sklearn.datasets import load_digits
+
+    from ampgan import api
+    from ampgan_corpus.users.temperature_attention import TemperatureNet
+
+    digits = load_digits()
+    x, y = (digits.data / 16.0).astype(np.float32), digits.target.astype(np.int32)
+    pipeline = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(128)
+    lines = []
+    v = api.diagnose(TemperatureNet, data=pipeline, loss=nn.CrossEntropyLoss(),
+                     optimizer=lambda params, lr, betas: ms.mint.optim.Adam(params, lr=lr, betas=tuple(betas)),
+                     amp="O2", scaler="dynamic", overrides=("tracking=none", "trainer.max_steps=100"),
+                     echo=lines.append)
+    assert v.name == "overflow" and v.exit_code == 1 and v.layer == "attn", v.headline
+    assert "temperature_attention.py:27" in v.headline and "Tensor.__mul__" in v.headline
+    assert [f.text for f in v.fixes] == ["amp.keep_fp32=[attn]"]
+    report = "\n".join(lines)
+    assert "scaler=static scaler.init_scale=1" in report and "does not (overflow)" in report, report

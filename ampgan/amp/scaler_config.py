@@ -1,7 +1,9 @@
 """Loss-scaler settings: one dataclass per strategy, checked on construction.
 
 They live apart from the scalers (`ampgan.amp.scalers`) so that validating a command line
-does not import MindSpore. `needs_health`: the strategy reads in-graph gradient health.
+does not import MindSpore. `needs_health`: the strategy reads in-graph gradient health; `adjusts`: its scale changes with the
+steps' outcomes; `skip_nonfinite`: an overflowing step is dropped (a setting, or always for a
+strategy that adjusts). What diagnose's rules read, instead of the strategies' names.
 `fp32_twin()`: the scaler of the run's FP32 twin in diagnose: no loss scale, but whatever the
 strategy does that is not about precision (fixed_clip's clipping) stays, so the twin follows
 the run's own path.
@@ -23,6 +25,7 @@ class _UnscaledTwin:
 @dataclass
 class NoneScalerConfig(_UnscaledTwin):
     needs_health: ClassVar[bool] = False
+    adjusts: ClassVar[bool] = False
     name: str = "none"
     skip_nonfinite: bool = False  # FP32 baseline: let a NaN show, as plain training would
 
@@ -30,6 +33,7 @@ class NoneScalerConfig(_UnscaledTwin):
 @dataclass
 class StaticScalerConfig(_UnscaledTwin):
     needs_health: ClassVar[bool] = False
+    adjusts: ClassVar[bool] = False
     name: str = "static"
     init_scale: float = 1024.0
     skip_nonfinite: bool = True
@@ -41,6 +45,8 @@ class StaticScalerConfig(_UnscaledTwin):
 @dataclass
 class DynamicScalerConfig(_UnscaledTwin):
     needs_health: ClassVar[bool] = False
+    adjusts: ClassVar[bool] = True         # the scale changes with the steps' outcomes (the others' is fixed)
+    skip_nonfinite: ClassVar[bool] = True  # an overflowing step is always skipped
     name: str = "dynamic"
     init_scale: float = 2.0**16
     factor: int = 2
@@ -79,6 +85,7 @@ class UnderflowAwareScalerConfig(DynamicScalerConfig):
 @dataclass
 class FixedClipScalerConfig:
     needs_health: ClassVar[bool] = False
+    adjusts: ClassVar[bool] = False
     name: str = "fixed_clip"
     init_scale: float = 1024.0
     clip_norm: float = 1.0          # clip the unscaled gradients to this global L2 norm

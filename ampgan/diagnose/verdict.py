@@ -112,7 +112,8 @@ def keep_fixes(paths, why: str) -> list[Fix]:
 
 
 def skips_nonfinite(s: Settings) -> bool:
-    return s.scaler.name in ("dynamic", "underflow_aware") or bool(getattr(s.scaler, "skip_nonfinite", False))
+    """The run's scaler drops overflowing steps (what the scaler says of itself, not its name)."""
+    return bool(s.scaler.skip_nonfinite)
 
 
 def _scale_fixes(s: Settings, common: ScaleFit | None, cause: str = "scaler") -> list[Fix]:
@@ -121,9 +122,9 @@ def _scale_fixes(s: Settings, common: ScaleFit | None, cause: str = "scaler") ->
     why = ("the low end of the loss-scale range every layer fits" if common is not None and common.fits
            else "the highest loss scale that does not overflow (no single scale fits every layer)")
     fixes = []
-    if hasattr(s.scaler, "init_scale") and s.scaler.name != "dynamic":
+    if hasattr(s.scaler, "init_scale") and not s.scaler.adjusts:
         fixes.append(Fix([f"scaler.init_scale={scale:g}"], why, cause))
-    elif s.scaler.name == "none":
+    elif not hasattr(s.scaler, "init_scale"):   # no loss scaling at all
         fixes.append(Fix(["scaler=static", f"scaler.init_scale={scale:g}"], why, cause))
     fixes.append(Fix(["scaler=dynamic", f"scaler.init_scale={scale:g}"], "dynamic scaling from that scale", cause))
     return fixes
@@ -201,7 +202,7 @@ def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=N
         return Verdict("overflow", f"backward overflow in float16 at {located.where}{site}", ev, cell_of(located.where, roots),
                        keep_fixes([cell_of(located.where, roots)], "that layer in FP32") + _scale_fixes(s, common))
     for n, x in sums.items():
-        if s.scaler.name in ("dynamic", "underflow_aware") and x.scale_changes > max(3, x.substeps / 3):
+        if s.scaler.adjusts and x.scale_changes > max(3, x.substeps / 3):
             return Verdict("scaler", f"the {n} loss scale oscillates ({x.scale_changes} changes in {x.substeps} steps)",
                            ev, "", _scale_fixes(s, common))
     for n, x in sums.items():
