@@ -114,3 +114,15 @@ def test_the_table_starts_with_fp32_and_gives_each_outcome():
 def test_an_unconfirmed_hypothesis_prints_no_fix():
     v = unconfirmed(OVERFLOW)
     assert v.name == "overflow" and not v.fixes and "not confirmed" in v.headline
+
+
+def test_replaying_stops_once_the_mode_or_the_hypothesis_is_confirmed():
+    from ampgan.diagnose.interventions import settles
+
+    enough = settles(SCALER)
+    assert enough(Outcome(SCALE, "healthy"))
+    assert enough(Outcome(Fix(list(("hardware.jit=true",)), "jit", "framework"), "healthy"))
+    other = Fix(["amp.keep_fp32=[attn]"], "attn in FP32", "overflow")
+    assert not enough(Outcome(other, "healthy"))         # another cause: the hypothesis's own may still remove it
+    assert enough(Outcome(KEEP, "healthy"))              # untagged: the hypothesis's own
+    assert not enough(Outcome(SCALE, "overflow"))        # not removed

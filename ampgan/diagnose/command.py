@@ -24,7 +24,7 @@ from ampgan.config.schema import validate
 from ampgan.tasks import load_data
 from ampgan.diagnose import report
 from ampgan.diagnose.config import diagnose_settings
-from ampgan.diagnose.interventions import candidates, confirm, table, unconfirmed
+from ampgan.diagnose.interventions import candidates, confirm, settles, table, unconfirmed
 from ampgan.diagnose.pipeline import Analysis, analyse, evidence_of, framework_check, reference_for
 from ampgan.diagnose.search import SearchResult, search_keep_list
 from ampgan.diagnose.horizon import BLOCK, run_horizon
@@ -212,7 +212,7 @@ def diagnose(cfg: DictConfig, run_dir: Path, echo=print) -> Result:
             if tried:   # each intervention replayed; over its own course too when the horizon saw the failure
                 seen = horizon is not None and (horizon.amp.failed_at is not None or horizon.amp_trails(dcfg))
                 result.checked = verify_fixes(cfg, dcfg, tried, data, cache, progress, start=start,
-                                              horizon=horizon if seen else None)
+                                              horizon=horizon if seen else None, enough=settles(hypothesis))
             result.verdict = analysis.verdict = confirm(hypothesis, result.checked or [], facts)
             result.interventions = table(result.checked or [], facts)
         else:

@@ -68,6 +68,15 @@ def candidates(hypothesis: Verdict, ev: Evidence) -> list[Fix]:
     return list(unique.values())
 
 
+def settles(hypothesis: Verdict):
+    """When to stop replaying: an intervention of the mode, or of the hypothesis's own cause, removed
+    the failure (the ones after it could not change the verdict: `confirm` takes those first)."""
+    def enough(checked) -> bool:
+        return checked.confirmed and (checked.fix.cause or hypothesis.name) in ("framework", hypothesis.name)
+
+    return enough
+
+
 def confirm(hypothesis: Verdict, checked: list, ev: Evidence) -> Verdict:
     """The verdict decided by the interventions' outcomes (`checked`: verify.Checked, each with its
     fix and `confirmed` = its own replay is healthy). Pure: no I/O, no names of scalers or nets."""

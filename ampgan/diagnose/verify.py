@@ -88,11 +88,13 @@ class Checked:
 
 
 def verify_fixes(cfg: DictConfig, dcfg, fixes: list[Fix], data: Dataset, cache: dict, progress,
-                 steps: int | None = None, start: Path | None = None, horizon: Horizon | None = None) -> list[Checked]:
+                 steps: int | None = None, start: Path | None = None, horizon: Horizon | None = None,
+                 enough=lambda checked: False) -> list[Checked]:
     """Replay each intervention (`fixes`, at most `diagnose.max_fixes`) from the same start, seed and
     batches; its verdict `healthy` means it removes the failure. `horizon`: the diagnosis's, when the
     failure was seen there (each candidate then trains its own course over it, `course_length`, and is
-    judged on it too, the evaluation objective included); None: the lockstep replay alone."""
+    judged on it too, the evaluation objective included); None: the lockstep replay alone.
+    `enough(checked)`: true once an outcome settles the question; the rest are not replayed."""
     out = []
     twin = repr(fp32_twin_settings(validate(cfg))) if horizon is not None else ""
     for fix in fixes[: dcfg.max_fixes]:
@@ -122,6 +124,8 @@ def verify_fixes(cfg: DictConfig, dcfg, fixes: list[Fix], data: Dataset, cache: 
         rel = max(x.rel_err_median for x in sums)
         out.append(Checked(fix, a.verdict.name, rel, sum(x.nonfinite for x in sums), kept_share(a),
                            time.perf_counter() - started))
+        if enough(out[-1]):
+            break
     return sorted(out, key=lambda c: (not c.confirmed, c.rel_err if np.isfinite(c.rel_err) else 1e9, c.fp32_share))
 
 
