@@ -78,9 +78,9 @@ def test_the_temperature_net_through_the_python_api(outputs):
     v = api.diagnose(TemperatureNet, data=pipeline, loss=nn.CrossEntropyLoss(),
                      optimizer=lambda params, lr, betas: ms.mint.optim.Adam(params, lr=lr, betas=tuple(betas)),
                      amp="O2", scaler="dynamic", overrides=("tracking=none", "trainer.max_steps=100"),
-                     echo=lines.append)
+                     echo=lambda *words, **_: lines.append(" ".join(map(str, words))))
     assert v.name == "overflow" and v.exit_code == 1 and v.layer == "attn", v.headline
     assert "temperature_attention.py:27" in v.headline and "Tensor.__mul__" in v.headline
     assert [f.text for f in v.fixes] == ["amp.keep_fp32=[attn]"]
     report = "\n".join(lines)
-    assert "scaler=static scaler.init_scale=1" in report and "does not (overflow)" in report, report
+    assert "scaler=static scaler.init_scale=1" in report and "does not (its replay: overflow" in report, report

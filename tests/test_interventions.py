@@ -40,17 +40,17 @@ def texts(fixes) -> list[str]:
     return [f.text for f in fixes]
 
 
-def test_candidates_put_the_mode_first_then_the_hypothesis_then_cell_and_scale_probes():
+def test_candidates_put_the_mode_first_then_other_causes_probes_then_the_hypothesis_and_its_own_probes():
     tried = candidates(SCALER, facts(jit=False))
-    assert texts(tried) == ["hardware.jit=true hardware.unsafe_pynative_gp=false", "scaler.init_scale=16384",
-                            "amp.keep_fp32=[attn]", "scaler=static scaler.init_scale=1"]
-    assert [f.cause for f in tried] == ["framework", "scaler", "overflow", "scaler"]
+    assert texts(tried) == ["hardware.jit=true hardware.unsafe_pynative_gp=false", "amp.keep_fp32=[attn]",
+                            "scaler.init_scale=16384", "scaler=static scaler.init_scale=1"]
+    assert [f.cause for f in tried] == ["framework", "overflow", "scaler", "scaler"]
 
 
 def test_a_hypothesis_fix_keeps_its_cause_when_a_probe_repeats_it():
     tried = candidates(OVERFLOW, facts())
-    assert texts(tried) == ["amp.keep_fp32=[attn]", "scaler=static scaler.init_scale=1"]
-    assert tried[0].cause == "overflow"
+    assert texts(tried) == ["scaler=static scaler.init_scale=1", "amp.keep_fp32=[attn]"]
+    assert [f.cause for f in tried] == ["scaler", "overflow"] and tried[1].why == "attn in FP32"
 
 
 def test_no_cell_or_scale_probe_without_non_finite_steps_nor_a_scale_probe_at_scale_one():
@@ -107,7 +107,7 @@ def test_the_table_starts_with_fp32_and_gives_each_outcome():
     rows = table([Outcome(SCALE, "overflow"), Outcome(KEEP, "healthy")], facts())
     assert [r["intervention"].split(" ")[0] for r in rows] == ["FP32", "scaler.init_scale=16384", "amp.keep_fp32=[attn]"]
     assert [r["removes_failure"] for r in rows] == [True, False, True]
-    assert rows[1]["outcome"].startswith("does not (overflow)") and rows[2]["outcome"].startswith("removes")
+    assert rows[1]["outcome"].startswith("does not (its replay: overflow") and rows[2]["outcome"].startswith("removes")
     assert table([], facts(fp32_fails=True))[0]["outcome"].startswith("fails too")
 
 

@@ -18,6 +18,8 @@ verdict is decided on what was measured (`confirm`):
     2. the hypothesis is `framework`, not confirmed by jit    -> not_amp when FP32 fails too, else unexplained
     3. FP32 fails the same way, no later                      -> not_amp (no precision intervention can help)
     4. an intervention of the hypothesis's cause removes it   -> the hypothesis, with those fixes only
+       (probes of other causes are replayed before the hypothesis's own fixes, and replaying stops
+       at the first intervention of the mode or of the hypothesis's cause that removes the failure)
     5. an intervention of another cause removes it            -> that cause (the first that does)
     6. none does, while FP32 trains                           -> unexplained (exit 5), with the table
 A hypothesis of `healthy` or `not_reproduced` has no failure to remove: nothing is replayed.
@@ -57,13 +59,17 @@ def candidates(hypothesis: Verdict, ev: Evidence) -> list[Fix]:
     out = [] if ev.jit else [Fix(list(JIT), "the run's mode switched to jit (compiled), all else the same", "framework")]
     if hypothesis.name in ("framework", "not_amp") or ev.fp32_fails:
         return out   # FP32 itself fails, or the mode is suspected: no precision intervention to try
-    out += [f if f.cause else replace(f, cause=hypothesis.name) for f in hypothesis.fixes]
+    own = [f if f.cause else replace(f, cause=hypothesis.name) for f in hypothesis.fixes]
+    probes = []
     if ev.nonfinite and ev.located_cell:
-        out.append(Fix([f"amp.keep_fp32=[{ev.located_cell}]"], f"the located cell {ev.located_cell} in FP32", "overflow"))
+        probes.append(Fix([f"amp.keep_fp32=[{ev.located_cell}]"], f"the located cell {ev.located_cell} in FP32", "overflow"))
     if ev.nonfinite and ev.scale > 1:
-        out.append(Fix(["scaler=static", "scaler.init_scale=1"], "loss scale 1, overflowing steps skipped", "scaler"))
+        probes.append(Fix(["scaler=static", "scaler.init_scale=1"], "loss scale 1, overflowing steps skipped", "scaler"))
+    # another cause's probe first (replaying stops at the hypothesis's first success: the table must
+    # show the alternative tried), then the hypothesis's own fixes, then probes of its own cause
+    out += [p for p in probes if p.cause != hypothesis.name] + own + [p for p in probes if p.cause == hypothesis.name]
     unique: dict[tuple[str, ...], Fix] = {}
-    for f in out:   # the first of equal interventions keeps its cause (the hypothesis's own)
+    for f in out:   # the first of equal interventions keeps its cause
         unique.setdefault(tuple(f.overrides), f)
     return list(unique.values())
 
@@ -137,7 +143,7 @@ def table(checked: list, ev: Evidence) -> list[dict]:
              "removes_failure": not ev.fp32_fails, "seconds": math.nan}]
     for c in checked:
         rows.append({"intervention": c.fix.text, "tests": c.fix.cause or "-",
-                     "outcome": ("removes the failure" if c.confirmed else f"does not ({c.verdict})")
-                     + (f"; rel. error {c.rel_err:.3g}" if math.isfinite(c.rel_err) else ""),
+                     "outcome": ("removes the failure" if c.confirmed else "does not")
+                     + f" (its replay: {c.verdict}" + (f", rel. error {c.rel_err:.3g})" if math.isfinite(c.rel_err) else ")"),
                      "removes_failure": c.confirmed, "seconds": c.seconds})
     return rows

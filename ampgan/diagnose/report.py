@@ -47,7 +47,7 @@ def terminal(result) -> str:
             took = f"; {r['seconds']:.1f}s" if np.isfinite(r["seconds"]) else ""
             lines.append(f"  {r['intervention']:<{width}}  tests {r['tests']:<10} {r['outcome']}{took}")
     if v.fixes:   # only interventions whose replay removed the failure
-        lines.append("fix (its replay removed the failure):")
+        lines.append("fix (replayed: it removes the failure):")
         lines += [f"  {f.text}    # {f.why}" for f in v.fixes]
     elif v.name == "not_amp":
         lines.append("fix: none offered by diagnose: FP32 fails the same way")

@@ -75,16 +75,23 @@ def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
 
 @dataclass
 class Checked:
+    """An intervention's outcome. `verdict`: its own diagnosis (the replay's, with its own course);
+    `removes`: its own course no longer fails or trails FP32 (None: the failure was seen in the
+    replay only, so the replay decides: `healthy`)."""
+
     fix: Fix
     verdict: str
     rel_err: float
     nonfinite: int
     fp32_share: float
     seconds: float
+    removes: bool | None = None
 
     @property
     def confirmed(self) -> bool:
-        return self.verdict == "healthy"
+        """It removes the failure that was observed: the horizon's, judged on its own course over
+        the same steps; a failure seen in the replay alone, judged on its replay."""
+        return self.removes if self.removes is not None else self.verdict == "healthy"
 
 
 def verify_fixes(cfg: DictConfig, dcfg, fixes: list[Fix], data: Dataset, cache: dict, progress,
@@ -122,8 +129,9 @@ def verify_fixes(cfg: DictConfig, dcfg, fixes: list[Fix], data: Dataset, cache: 
             continue
         sums = [summarize_net(t) for t in a.synced.nets.values()]
         rel = max(x.rel_err_median for x in sums)
+        removes = None if own is None else own.amp.failed_at is None and not own.amp.timed_out and not own.amp_trails(dcfg)
         out.append(Checked(fix, a.verdict.name, rel, sum(x.nonfinite for x in sums), kept_share(a),
-                           time.perf_counter() - started))
+                           time.perf_counter() - started, removes))
         if enough(out[-1]):
             break
     return sorted(out, key=lambda c: (not c.confirmed, c.rel_err if np.isfinite(c.rel_err) else 1e9, c.fp32_share))
