@@ -103,8 +103,10 @@ def test_a_users_net_in_a_sweep_and_in_diagnose(user_package, outputs):
     jobs = [r for r in runs if "ampgan.sweep_parent" not in r.data.tags]
     assert sorted(r.data.tags["scaler"] for r in jobs) == ["dynamic", "static"]
     assert all(r.info.status == "FINISHED" and r.data.params["model.net._target_"] == "mynets.TinyNet" for r in runs)
+    # a horizon past the smoke run's 6 steps (the default is the run's own length, over which
+    # neither precision learns: that is `not_amp`, exit 3)
     diag = run_diagnose(*OWN, "trainer=smoke", "trainer.batch_size=32", "amp.keep_fp32=[classify]",
-                        "tracking=none", outputs=outputs)
+                        "tracking=none", "diagnose.horizon=50", outputs=outputs)
     assert diag.returncode == 0, diag.stderr[-2000:]
     assert "classify.weight" in diag.stdout and "features.0.weight" in diag.stdout
 
