@@ -43,19 +43,90 @@ def require(ok: bool, message: str) -> None:
 
 
 EXIT_BAD_INPUT = 2  # the exit code of every command refusing its input
+MAX_ERROR_LINE = 400  # characters of an `ampgan: error: ...` line at most; a longer one is cut, its whole text logged
+ERROR_PREFIX = "ampgan: error: "
+_LONG_WORD = _re.compile(r"\S{81,}")
 
 
-def one_line(message: str) -> str:
-    """The message on one line, every very long word cut short, printable on this terminal."""
-    text = " ".join(message.replace("\r", "\n").split("\n"))
-    text = _re.sub(r"\S{81,}", lambda m: f"{m.group(0)[:40]}...({len(m.group(0))} characters)", text)
+def outputs_dir():
+    """Absolute folder for runs, error logs and the embedded MLflow store; `AMPGAN_OUTPUTS` overrides."""
+    from pathlib import Path
+
+    default = Path(__file__).resolve().parent.parent / "outputs"
+    return Path(_os.environ.get("AMPGAN_OUTPUTS", default)).resolve()
+
+
+def _joined(message: str) -> str:
+    return " ".join(message.replace("\r", "\n").split("\n"))
+
+
+def _printable(text: str) -> str:
     encoding = getattr(_sys.stderr, "encoding", None) or "utf-8"
     return text.encode(encoding, "backslashreplace").decode(encoding)
 
 
+def one_line(message: str) -> str:
+    """The message on one line, every very long word cut short, printable on this terminal."""
+    text = _LONG_WORD.sub(lambda m: f"{m.group(0)[:40]}...({len(m.group(0))} characters)", _joined(message))
+    return _printable(text)
+
+
+def save_error(message: str, cause: BaseException | None = None):
+    """Write `message` whole (and the traceback of its `cause`, if any) to a new file
+    `<outputs>/errors/<time>-<pid>.log`; its path, or None if no folder takes it. A path so long
+    that it would crowd the line out goes to the temporary folder instead."""
+    import tempfile
+    import time
+    import traceback
+    from pathlib import Path
+
+    stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+    body = [f"# {time.strftime('%Y-%m-%d %H:%M:%S')}, pid {_os.getpid()}, command line: {' '.join(_sys.argv)}", "",
+            f"{ERROR_PREFIX}{message}", ""]
+    if cause is not None:
+        body += ["caused by:", "".join(traceback.format_exception(cause)).rstrip(), ""]
+    for folder in (outputs_dir() / "errors", Path(tempfile.gettempdir()) / "ampgan-errors"):
+        if len(str(folder)) > MAX_ERROR_LINE // 2:
+            continue
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            for n in range(100):
+                path = folder / f"{stamp}-{_os.getpid()}{f'-{n}' if n else ''}.log"
+                try:
+                    with open(path, "x", encoding="utf-8", errors="backslashreplace") as f:
+                        f.write("\n".join(body))
+                    return path
+                except FileExistsError:
+                    continue
+        except OSError:
+            continue
+    return None
+
+
+def error_line(err: BaseException | str, limit: int = MAX_ERROR_LINE) -> str:
+    """`ampgan: error: <err>` on one line of at most `limit` characters.
+
+    When anything is cut (a word of more than 80 characters shortened, or the line past `limit`),
+    the whole message is saved by `save_error` and the line ends by naming that file; a line
+    printed whole writes no file."""
+    message = str(err)
+    text = one_line(message)
+    if len(ERROR_PREFIX) + len(text) <= limit and not _LONG_WORD.search(_joined(message)):
+        return ERROR_PREFIX + text
+    cause = err.__cause__ if isinstance(err, BaseException) else None
+    path = save_error(message, cause)
+    tail = f" [cut; the whole message is in {_printable(str(path))}]" if path else " [cut]"
+    room = limit - len(ERROR_PREFIX) - len(tail)
+    if len(text) > room:
+        text = text[: max(room - 3, 0)].rstrip() + "..."
+    return ERROR_PREFIX + text + tail
+
+
 def report_error(err: BaseException | str, code: int = EXIT_BAD_INPUT) -> int:
-    """Print `ampgan: error: <err>` as one line on stderr and return `code`: every command's way to refuse."""
-    print(f"ampgan: error: {one_line(str(err))}", file=_sys.stderr)
+    """Print `ampgan: error: <err>` as one line of at most MAX_ERROR_LINE characters on stderr
+    (a longer message is cut, and saved whole to the log file the line names) and return `code`:
+    every command's way to refuse."""
+    print(error_line(err), file=_sys.stderr)
     return code
 
 

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from ampgan import AmpganError
 from ampgan.config.schema import (CONF_DIR, COMBINATIONS, GROUPS, SCHEMAS, ClassifierConfig, Settings, TrainerConfig,
-                           _build, schema_of, validate)
+                           build_group, schema_of, validate)
 from tests.conftest import compose_cfg
 
 
@@ -193,6 +193,8 @@ def test_digits_class_counts_are_scikit_learns():
     (["tracking.heartbeat_seconds=0"], "tracking.heartbeat_seconds"),
     (["+trainer.max_step=5"], "no key 'max_step' in trainer (did you mean max_steps?)"),
     (["model.name=classifier"], "choose the option instead (model=classifier)"),
+    (["trainer.max_steps=1000000001"], "trainer.max_steps must be at most 10**9, got 1000000001"),
+    (["tracking.uri=ftp://x"], "no tracking store for 'ftp:' URIs"),
 ])
 def test_bad_values_raise_one_line(overrides, fragment):
     with pytest.raises(AmpganError) as err:
@@ -213,6 +215,19 @@ def test_misfitting_combinations_raise_one_line(overrides, fragment):
     with pytest.raises(AmpganError) as err:
         validate(compose_cfg(*overrides))
     assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_bounds_themselves_are_accepted():
+    from ampgan.config.schema import MAX_STEPS
+
+    assert validate(compose_cfg(f"trainer.max_steps={MAX_STEPS}")).trainer.max_steps == 10**9
+    for uri in ("http://localhost:5000", "https://h", "postgresql+psycopg2://u@h/db", "mysql://h/db", "databricks://profile"):
+        assert validate(compose_cfg(f"tracking.uri={uri}")).tracking.uri == uri
+
+
+def test_a_batch_beyond_memory_is_refused_where_the_data_is_known_only_once_loaded():
+    with pytest.raises(AmpganError, match="larger than any data set this machine holds"):
+        validate(compose_cfg("model=lm", "trainer.batch_size=1000000000000"))
 
 
 def test_batch_as_large_as_the_split_is_accepted():
@@ -267,7 +282,7 @@ def _settings_variety():
     for b in base:
         for t in tweaks:
             cfg = compose_cfg(*b, *t)
-            yield Settings(**{g: _build(g, schema_of(g, cfg[g]), cfg[g]) for g in GROUPS})
+            yield Settings(**{g: build_group(g, schema_of(g, cfg[g]), cfg[g]) for g in GROUPS})
 
 
 def test_every_combination_check_reads_only_the_fields_it_declares():

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ampgan import AmpganError, one_line
+from ampgan import MAX_ERROR_LINE, AmpganError, error_line, one_line, report_error
 from ampgan.config.preflight import check
 from tests.conftest import all_runs, run_cli
 
@@ -98,6 +98,19 @@ CASES: dict[str, tuple[list[str], str]] = {
     "penalty flag on the classifier preset": (["+experiment=classifier_digits", "amp.fp32_gradient_penalty=true"],
                                               "amp.fp32_gradient_penalty=true with model=classifier"),
     "missing gpu": (["hardware=gpu"], "hardware=gpu"),
+    # the last of issue 45: a store MLflow cannot open, a long list of presets, numbers no run reaches
+    "store of an unknown scheme": (["tracking.uri=ftp://x"], "tracking.uri=ftp://x: MLflow has no tracking store for 'ftp:'"),
+    "unknown preset among many": (["+experiment=nosuchexperiment"], "choose from the"),
+    "steps no run reaches": (["trainer.max_steps=99999999999999999999"], "trainer.max_steps must be at most 10**9"),
+    "steps one past the bound": (["trainer.max_steps=1_000_000_001"], "no run gets that far"),
+    "batch beyond memory for a model's own data": (["model=lm", "trainer.batch_size=1000000000000"],
+                                                   "is larger than any data set this machine holds"),
+    "batch beyond a custom data set's memory": (["data=custom", "data.source._target_=numpy.zeros",
+                                                 "trainer.batch_size=1000000000000"], "larger than any data set"),
+    "huge sweep value past the step bound": (["-m", "trainer.max_steps=5,2000000000"],
+                                             "(in the sweep's job trainer.max_steps=2000000000)"),
+    "huge unknown key": ([f"trainer.{LONG}=1"], "[cut; the whole message is in "),
+    "unknown key of hydra's": (["hydra.nosuchkey=1"], "hydra.nosuchkey=1: no key 'nosuchkey' in hydra"),
 }
 
 # More of the same kind, checked in-process (the preflight's `check`, as the command line calls it).
@@ -136,6 +149,11 @@ CHECK_CASES: dict[str, tuple[list[str], str]] = {
     "preset sweep with a bad level": (["-m", "+experiment=scaler_study", "amp=o0,o7"], "amp=o7: no such option"),
     "sweep of presets with a bad one": (["-m", "+experiment=wgan_gaussians8,nope"], "+experiment=nope: no such option"),
     "experiment name over MLflow's limit": (["tracking.experiment=" + "e" * 501], "1 to 500 characters"),
+    "object store as tracking store": (["tracking.uri=s3://bucket/mlruns"], "no tracking store for 's3:' URIs"),
+    "steps far past the bound": (["trainer.max_steps=1000000000000"], "at most 10**9"),
+    "batch past the split of a preset": (["+experiment=classifier_digits", "trainer.batch_size=5000"],
+                                         "is larger than the 1438 training samples"),
+    "misspelt preset among many": (["+experiment=diag_healthz"], "did you mean diag_healthy?"),
 }
 
 
@@ -149,8 +167,8 @@ def results(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Pa
     return {name: (procs[name], outs[name]) for name in CASES}
 
 
-def test_at_least_fifty_distinct_cases():
-    assert len({tuple(args) for args, _ in CASES.values()}) == len(CASES) >= 50
+def test_at_least_sixty_distinct_cases():
+    assert len({tuple(args) for args, _ in CASES.values()}) == len(CASES) >= 60
     assert not {tuple(a) for a, _ in CASES.values()} & {tuple(a) for a, _ in CHECK_CASES.values()}
 
 
@@ -162,9 +180,14 @@ def test_hostile_input_fails_with_one_line_and_no_run(results, case):
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert len(lines) == 1 and lines[0].startswith("ampgan: error: "), proc.stderr[-3000:]
     assert fragment in lines[0], lines[0][:500]
-    assert len(lines[0]) < 600  # long values are cut short
+    assert len(lines[0]) <= MAX_ERROR_LINE, lines[0]
     assert "Traceback" not in proc.stderr + proc.stdout
     assert not (outputs / "runs").exists() and not (outputs / "multirun").exists()
+    logs = sorted((outputs / "errors").glob("*.log"))
+    if "[cut; the whole message is in " in lines[0]:  # the line names the one log holding it whole
+        assert [str(p) for p in logs] == [lines[0].rsplit(" is in ", 1)[1].rstrip("]")], lines[0]
+    else:
+        assert logs == []
     if (outputs / "mlflow.db").exists():
         _, runs = all_runs(outputs)
         assert runs == [] and all(r.info.status != "RUNNING" for r in runs)
@@ -175,9 +198,9 @@ def test_more_hostile_input_fails_in_preflight_with_one_line(outputs, case):
     args, fragment = CHECK_CASES[case]
     with pytest.raises(AmpganError) as err:
         check(args)
-    line = one_line(str(err.value))
-    assert fragment in line and len(line) < 600, line[:500]
-    assert not outputs.exists() or not any(outputs.iterdir())
+    line = error_line(err.value)
+    assert fragment in line and len(line) <= MAX_ERROR_LINE, line[:500]
+    assert not outputs.exists() or set(outputs.iterdir()) <= {outputs / "errors"}
 
 
 # ---------------------------------------------------------------- the preflight's sweeps, directly
@@ -291,6 +314,56 @@ def test_interval_end_points_are_checked_with_a_search_sweeper(outputs):
 def test_one_line_cuts_long_words_and_joins_lines():
     text = one_line("a\nb " + "y" * 5000)
     assert "\n" not in text and "(5000 characters)" in text and len(text) < 120
+
+
+def test_a_long_cause_is_cut_to_the_bound_and_logged_whole(outputs, capsys):
+    cause = "\n".join(f"line {i}: the store said something long about what went wrong" for i in range(40))
+    err = AmpganError(f"tracking store http://h:5000: {cause}")
+    assert report_error(err) == 2
+    line = capsys.readouterr().err.rstrip("\n")
+    assert "\n" not in line and len(line) <= MAX_ERROR_LINE, line
+    assert line.startswith("ampgan: error: tracking store http://h:5000: line 0: ")
+    path = Path(line.rsplit("[cut; the whole message is in ", 1)[1].rstrip("]"))
+    assert path.parent == outputs / "errors" and path.suffix == ".log"
+    assert str(err) in path.read_text()  # the whole text, its line breaks kept
+
+
+def test_a_cut_error_logs_the_traceback_of_its_cause(outputs):
+    try:
+        try:
+            raise RuntimeError("deep inside MindSpore " + "z" * 500)
+        except RuntimeError as inner:
+            raise AmpganError("the first training step failed (" + "x " * 300 + ")") from inner
+    except AmpganError as err:
+        line = error_line(err)
+    text = Path(line.rsplit(" is in ", 1)[1].rstrip("]")).read_text()
+    assert len(line) <= MAX_ERROR_LINE and "Traceback" in text and "z" * 500 in text
+
+
+def test_a_line_within_the_bound_writes_no_log(outputs):
+    message = "m" * 40 + " " + "a b " * 90  # 15 + 401 characters = 416: the bound, exactly
+    message = message[: MAX_ERROR_LINE - len("ampgan: error: ")]
+    assert error_line(message) == "ampgan: error: " + message
+    assert not (outputs / "errors").exists()
+    assert "[cut; the whole message is in " in error_line(message + "!")
+    assert len(list((outputs / "errors").iterdir())) == 1
+
+
+def test_a_long_word_cut_short_is_logged_whole(outputs):
+    line = error_line(f"scaler={'q' * 5000}: no such option")
+    assert "(5008 characters) no such option [cut; the whole message is in " in line and len(line) <= MAX_ERROR_LINE
+    assert "q" * 5000 in Path(line.rsplit(" is in ", 1)[1].rstrip("]")).read_text()
+
+
+def test_an_outputs_folder_that_takes_no_file_still_gives_one_short_line(tmp_path, monkeypatch):
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    monkeypatch.setenv("AMPGAN_OUTPUTS", str(blocked / "outputs"))  # under a file: no folder can be made
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(blocked / "tmp"))
+    line = error_line("y " * 1000)
+    assert len(line) <= MAX_ERROR_LINE and line.endswith(" [cut]"), line
 
 
 def test_mindspores_compile_cache_is_refused_before_anything_runs(outputs, monkeypatch):

@@ -130,7 +130,29 @@ def _parse_args(argv: list[str]):
 
 
 def _conf_options(group: str, dirs: list[Path]) -> list[str]:
-    return sorted({p.stem for d in dirs if (d / group).is_dir() for p in (d / group).glob("*.yaml")})
+    return sorted({p.stem for d in dirs if _is_dir(d / group) for p in (d / group).glob("*.yaml")})
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:  # a key too long for a file name (ENAMETOOLONG) names no group folder
+        return False
+
+
+def _choose_from(group: str, options: list[str], most: int = 160) -> str:
+    """'choose from: a, b, c', or for a long list its families: 'choose from the 38 files of
+    conf/experiment/: case_* (11), classifier_digits, diag_* (16), ...' (options sharing the part
+    before their first '_', three or more of them, are one family)."""
+    listed = ", ".join(options)
+    if len(listed) <= most:
+        return f"choose from: {listed}"
+    families: dict[str, list[str]] = {}
+    for option in options:
+        families.setdefault(option.split("_", 1)[0], []).append(option)
+    parts = [f"{head}_* ({len(members)})" if len(members) >= 3 else ", ".join(members)
+             for head, members in sorted(families.items())]
+    return f"choose from the {len(options)} files of conf/{group}/: {', '.join(parts)}"
 
 
 def _first_line(err: BaseException) -> str:
@@ -186,6 +208,7 @@ class _Preflight:
         self.remote = False  # jobs run on other machines (submitit): their device is checked there (hardware.setup)
         self.built: dict = {}  # groups already validated, by content
         self.job: DictConfig | None = None  # a single run's config as Hydra's run composes it (with `hydra`)
+        self._listing_keys = False  # _known_keys is composing a base (whose failure it must not explain again)
 
     # ------------------------------------------------------------ the whole check
     def run(self) -> None:
@@ -261,7 +284,7 @@ class _Preflight:
         for value in values:
             if value not in options and value != "null":
                 raise AmpganError(f"{ov.get_key_element()}={value}: no such option{closest(value, options)} "
-                                  f"(choose from: {', '.join(options)})")
+                                  f"({_choose_from(group, options)})")
 
     # ------------------------------------------------------------ the sweep, as Hydra will run it
     def sweep_dims(self, primary: DictConfig) -> list[_Dim]:
@@ -439,6 +462,9 @@ class _Preflight:
                                              with_log_configuration=False)
         except (HydraException, OmegaConfBaseException, ValueError) as err:
             raise AmpganError(self._explain(err, words)) from None
+        except OSError as err:  # Hydra looks a key up as a group folder: a key too long for a file name
+            key = max(words, key=len).split("=")[0] if words else "config"
+            raise AmpganError(f"{key}: no such key or group (Hydra cannot look it up: {err.strerror})") from None
 
     def _check_top_keys(self, cfg: DictConfig) -> None:
         """`+foo=1` adds a top-level key nothing reads: refuse it like any unknown key."""
@@ -489,7 +515,7 @@ class _Preflight:
             group = missing[0] if len(missing) > 1 else ""
             options = [o for o in err.options]
             return (f"{group}={option}: no such option{closest(option, options)} "
-                    f"(choose from: {', '.join(options)})")
+                    f"({_choose_from(group, options)})")
         if text.startswith("Ambiguous value for argument"):
             word = re.search(r"'([^']*)'", text).group(1)
             return (f"{word}: several values make a sweep, which needs --multirun (-m); "
@@ -520,10 +546,18 @@ class _Preflight:
         """The keys under `parent` in the composed job (groups included at the top level)."""
         structural = tuple(w for w in words if not w.lstrip("+~").startswith("hydra")
                            and self._is_structural(_Dim(w.split("=")[0], [])))
+        if self._listing_keys:  # the base itself failed to compose (`hydra.nope=1` is in every base): no list
+            return []
+        self._listing_keys = True
         try:
-            node = self._base(structural)
+            try:
+                node = self._base(structural)
+            except AmpganError:
+                node = self._base(())
         except AmpganError:
-            node = self._base(())
+            return []
+        finally:
+            self._listing_keys = False
         node = OmegaConf.select(node, parent) if parent else node
         keys = sorted(str(k) for k in node.keys()) if isinstance(node, DictConfig) else []
         if not parent:

@@ -27,18 +27,13 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ampgan import AmpganError, closest, require
+from ampgan import AmpganError, closest, outputs_dir, require  # outputs_dir: here for its importers
 from ampgan.amp.scaler_config import SCALER_CONFIGS
 
 log = logging.getLogger("ampgan")
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # the ampgan package (this file is ampgan/config/schema.py)
 CONF_DIR = PACKAGE_DIR.parent / "conf"
-
-
-def outputs_dir() -> Path:
-    """Absolute folder for runs and the embedded MLflow store; `AMPGAN_OUTPUTS` overrides."""
-    return Path(os.environ.get("AMPGAN_OUTPUTS", PACKAGE_DIR.parent / "outputs")).resolve()
 
 
 if not OmegaConf.has_resolver("ampgan_outputs"):
@@ -127,6 +122,7 @@ def _check_seed(key: str, seed: int) -> None:
 
 
 _BYTES_PER_POINT = 64  # peak host memory per generated 2-D point (float64 draws, labels, the split's copies)
+_BYTES_PER_SAMPLE = 8   # the least a sample of any data set takes in memory: one float32 value and an int32 label
 
 
 def _memory_bytes() -> int:
@@ -136,12 +132,33 @@ def _memory_bytes() -> int:
         return 2**62
 
 
+# the URI schemes MLflow 3 opens a tracking store for (mlflow.tracking._tracking_service.utils), without
+# importing MLflow here; a plugin's own schemes are read from its entry points
+_DB_SCHEMES = ("postgresql", "mysql", "sqlite", "mssql")  # with a driver too: postgresql+psycopg2://
+_STORE_SCHEMES = ("file", "databricks", "databricks-uc", "uc", "http", "https")
+
+
+def _plugin_store_schemes() -> set[str]:
+    from importlib.metadata import entry_points
+
+    return {ep.name for ep in entry_points(group="mlflow.tracking_store")}
+
+
+def _short(text: str, most: int = 60) -> str:
+    return text if len(text) <= most else f"{text[:most]}...({len(text)} characters)"
+
+
 def _check_tracking_uri(uri: str) -> None:
     """A tracking URI MLflow can open from any run folder (Hydra starts each job in its own)."""
     if not uri:
         return
     require(re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", uri) is not None,
             f"tracking.uri must be a URI such as sqlite:////abs/path/mlflow.db or http://host:5000, got '{uri}'")
+    scheme = uri.split(":", 1)[0].lower()
+    require(scheme.startswith(_DB_SCHEMES) or scheme in _STORE_SCHEMES or scheme in _plugin_store_schemes(),
+            f"tracking.uri={_short(uri)}: MLflow has no tracking store for '{_short(scheme)}:' URIs; use "
+            "sqlite:////abs/path/mlflow.db, http(s)://host:port (a tracking server) or a database URI "
+            "(postgresql://, mysql://, mssql://)")
     if uri.startswith("sqlite:"):
         path = uri[len("sqlite:"):]
         require(path.startswith("////"),
@@ -232,6 +249,9 @@ class HardwareConfig:
 
 
 # ---------------------------------------------------------------- trainer
+MAX_STEPS = 10**9  # more steps than a run finishes: 11.6 days even at a millisecond a step (a small net's step on a GPU)
+
+
 @dataclass
 class TrainerConfig:
     max_steps: int = 1000        # optimiser steps (GAN: generator steps, each after n_critic critic steps)
@@ -255,6 +275,9 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         require(self.max_steps >= 1, f"trainer.max_steps must be >= 1, got {self.max_steps}")
+        require(self.max_steps <= MAX_STEPS,
+                f"trainer.max_steps must be at most 10**9, got {self.max_steps}: no run gets that far "
+                "(10**9 steps take 11.6 days even at a millisecond a step)")
         require(self.batch_size >= 2, f"trainer.batch_size must be >= 2, got {self.batch_size}")
         _check_seed("trainer.seed", self.seed)
         for key in ("log_every", "print_every"):
@@ -403,7 +426,7 @@ def _nonfinite_field(obj: Any) -> str | None:
     return None
 
 
-def _build(group: str, schema: type, node: Any) -> Any:
+def build_group(group: str, schema: type, node: Any) -> Any:
     try:
         obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), node))
     except OmegaConfBaseException as err:
@@ -453,7 +476,7 @@ def validate(cfg: DictConfig, cache: dict | None = None) -> Settings:
         node = plain[group]
         key = (group, repr(node))
         if cache is None or key not in cache:
-            obj = _build(group, schema_of(group, node), node)
+            obj = build_group(group, schema_of(group, node), node)
             if cache is None:
                 built[group] = obj
                 continue
@@ -517,6 +540,11 @@ def _batch_fits_the_data(s: Settings) -> None:
     n = None if s.own_data else train_size(s.data)
     require(n is None or s.trainer.batch_size <= n,
             f"trainer.batch_size={s.trainer.batch_size} is larger than the {n} training samples of data={s.data.name}")
+    # data known only once loaded (a model's own text, data.source; checked again then): host memory bounds the batch
+    most = _memory_bytes() // _BYTES_PER_SAMPLE
+    require(s.trainer.batch_size <= most,
+            f"trainer.batch_size={s.trainer.batch_size} is larger than any data set this machine holds: at "
+            f"{_BYTES_PER_SAMPLE} bytes a sample or more, {most:,} samples fill its {_memory_bytes() / 2**30:.0f} GiB")
 
 
 @_combination("trainer.batch_size", "hardware.workers")
