@@ -125,3 +125,91 @@ def diagnose(net, data=None, *, loss=None, optimizer=None, amp: str = "O2", scal
     cfg = _compose("diagnose_main", _overrides(net, data, loss, optimizer, amp, scaler, None, batch_size, seed, tracking_uri,
                                                None, (*([f"diagnose.steps={steps}"] if steps else []), *overrides)))
     return diagnose_cfg(cfg, _run_folder("diagnose"), echo=echo).verdict
+
+
+def loss_scaler(scaler: str, **settings):
+    """ampgan's loss scaler `scaler` (none, static, dynamic, underflow_aware, fixed_clip: the options
+    of conf/scaler/) with `settings` (its keys, e.g. `init_scale`, `factor`, `window`) in the shape of
+    `mindspore.amp.LossScaler`, for your own functional `value_and_grad` loop, inside `@ms.jit`:
+
+        loss_scaler = api.loss_scaler("underflow_aware", init_scale=2**16, factor=2, window=50)
+        ...  grads = loss_scaler.unscale(grads)     # underflow_aware: measures their health first
+             finite = amp.all_finite(grads)
+             loss_scaler.adjust(finite)             # or adjust(finite, grads): health of these grads
+             if finite: optimizer(grads)
+
+    `adjust` returns whether to apply the update; `scale_value` is the current scale (a
+    Parameter). `prefix=` names its state Parameters (two scalers in one graph).
+    A bad name, key or value raises `ampgan.AmpganError` with one line. See docs/own-script.md."""
+    from ampgan.amp.user_scalers import loss_scaler as build
+
+    return build(scaler, **settings)
+
+
+def loss_scale_manager(scaler: str, **settings):
+    """ampgan's loss scaler `scaler` (none, static or dynamic) with `settings` as a
+    `mindspore.amp.LossScaleManager`, for `Model(..., loss_scale_manager=...)` or
+    `amp.build_train_network` on GPU and Ascend. `dynamic` decides as MindSpore's
+    `DynamicLossScaleManager` does, step for step. On CPU, MindSpore runs no loss-scale cell: a
+    manager that drops overflowing steps raises `ampgan.AmpganError` when `Model` is built, naming
+    `api.train_step(...)` to use instead. See docs/own-script.md."""
+    from ampgan.amp.user_scalers import loss_scale_manager as build
+
+    return build(scaler, **settings)
+
+
+def train_step(net_with_loss, optimizer, amp: str = "O2", scaler: str = "dynamic", **settings):
+    """ampgan's compiled train step as a `mindspore.nn.Cell`, for your own `Model.train` script:
+
+        step_cell = api.train_step(nn.WithLossCell(net, loss_fn), optimizer, amp="O2", scaler="dynamic")
+        Model(step_cell).train(epochs, dataset, callbacks=[api.callback()], dataset_sink_mode=False)
+
+    It applies the AMP level (O0..O3) and `keep_fp32=[...]` (cell types or paths of the net, as
+    `amp.keep_fp32`) to the net itself; a `nn.WithLossCell`'s loss is computed in FP32. `scaler` is
+    a name of conf/scaler/ and `settings` its keys (`init_scale`, `factor`, `window`, ...).
+    Dynamic scaling works on CPU too. It returns `(loss, overflow, loss_scale)` as
+    `nn.TrainOneStepWithLossScaleCell` does; a skipped (non-finite) step leaves the optimizer
+    (and its `global_step`, so a learning-rate schedule) untouched. Further settings:
+    `health` (True: gradient-health reductions in the measuring variant of the step),
+    `measure_every` (10: which steps measure when no `api.callback` says), `jit` (True).
+    Bad input raises `ampgan.AmpganError` with one line. See docs/own-script.md."""
+    from ampgan.amp.user_scalers import scaler_config
+    from ampgan.steps.user_step import build_train_step
+
+    own = {k: settings.pop(k) for k in ("keep_fp32", "health", "measure_every", "jit") if k in settings}
+    cfg = scaler_config(scaler, settings, "api.train_step")
+    return build_train_step(net_with_loss, optimizer, cfg, amp, **own)
+
+
+def callback(experiment: str | None = None, tracking_uri: str | None = None, **settings):
+    """A `mindspore.train.Callback` that makes a `Model.train` run an ampgan MLflow run: the store
+    `python -m ampgan.train` uses from this folder (outputs/mlflow.db) unless `tracking_uri`, its
+    tags and metric names (train/loss, train/scale, train/skipped, gradient health), the config
+    it can see (net, size, amp level, optimizer, learning rate, scaler). Statuses are read every
+    `log_every` steps (10) and the first; no other step waits for the device. The run ends
+    FINISHED with training, FAILED if training raises. Model's network must be
+    `api.train_step(...)` (or MindSpore's TrainOneStepWithLossScaleCell): a plain TrainOneStepCell
+    returns no status and is one `ampgan.AmpganError` line. Settings: `log_every`, `run_name`,
+    `flush_every`. `.run_id` after training. See docs/own-script.md."""
+    from ampgan.tasks.base import NetState
+    from ampgan.tracking.callback import AmpganCallback
+
+    def reader(step, float16: bool):
+        return NetState("train", step, float16=float16)   # the trainer's own metrics from the same statuses
+
+    return AmpganCallback(experiment, tracking_uri, status_reader=reader, **settings)
+
+
+def monitor(experiment: str | None = None, tracking_uri: str | None = None, **settings):
+    """The callback's twin for a functional `value_and_grad` loop, a context manager:
+
+        with api.monitor(net=net, optimizer=optimizer, amp="O2") as monitor:
+            for x, y in batches:
+                loss, finite, grads = train_step(x, y)
+                monitor.step(loss, finite, loss_scaler, grads)   # grads optional
+
+    The same store, tags and metrics as `api.callback`, read every `log_every` steps (10). The run
+    ends FINISHED when the block ends, FAILED (the error recorded) when it raises."""
+    from ampgan.tracking.callback import Monitor
+
+    return Monitor(experiment, tracking_uri, **settings)

@@ -1,0 +1,410 @@
+"""ampgan's MLflow run for the user's own training script: a `Model.train` callback and its twin
+for a functional loop (`ampgan.api.callback`, `ampgan.api.monitor`).
+
+Both make the run an ampgan run: the store `python -m ampgan.train` uses from the same folder
+(`outputs/mlflow.db`, `tracking.uri` otherwise), its tags (`model`, `amp`, `scaler`, `hardware`,
+`output_dir`, the objective) and metric names (`train/loss`, `train/scale`, `train/skipped`,
+`train/finite`, gradient health `train/underflow`, `train/zero`, `train/max_abs_scaled_grad`,
+`train/nonfinite`, ...), a run folder with the crash-safe metrics journal. Statuses are fetched
+only at the logging cadence (`log_every`): the steps in between are not waited for.
+
+Every run ends FINISHED, or FAILED with the error (KILLED on Ctrl-C): `Model.train` enters each
+callback as a context manager, so the callback's `__exit__` sees an exception that training
+raised (MindSpore calls `on_train_end` only on success); the monitor is a context manager itself.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ampgan import AmpganError, outputs_dir
+from ampgan.tracking.tracker import DIRECTION_TAG, OBJECTIVE_TAG, MlflowTracker
+
+try:   # `mindspore.train.Callback`: Model.train calls its hooks (and enters it as a context manager)
+    from mindspore.train import Callback as _Callback
+except ImportError:  # pragma: no cover - MindSpore is a dependency; the monitor needs none of it
+    _Callback = object
+
+SOURCE_TAG = "ampgan.source"    # where the run comes from: callback (Model.train) or monitor (a functional loop)
+NO_STATUS = ("Model's network {name} returns {what}, no step status (overflow flag, loss scale): build "
+             "Model(ampgan.api.train_step(net_with_loss, optimizer, amp=..., scaler=...)) and keep the callback")
+
+
+def _settings(who: str, settings: dict, allowed: dict) -> dict:
+    from ampgan import closest
+
+    for key in settings:
+        if key not in allowed:
+            raise AmpganError(f"{who}: no setting {key!r}{closest(key, list(allowed))}; its settings: {', '.join(allowed)}")
+    out = {**allowed, **settings}
+    if not isinstance(out["log_every"], int) or out["log_every"] < 1:
+        raise AmpganError(f"{who}: log_every must be an integer >= 1, got {out['log_every']!r}")
+    return out
+
+
+def _tracking(who: str, experiment: str | None, tracking_uri: str | None, flush_every: int):
+    """The validated tracking config: the default store is the trainer's (outputs/mlflow.db)."""
+    from ampgan.config.schema import TrackingConfig
+
+    try:
+        return TrackingConfig(uri=tracking_uri or "", experiment=experiment or "ampgan", flush_every=flush_every)
+    except AmpganError as err:
+        raise AmpganError(f"{who}: {err}") from None
+
+
+def run_folder(kind: str) -> Path:
+    """A fresh run folder under outputs/runs/<date>/ (the journal and tracking.json live there)."""
+    folder = outputs_dir() / "runs" / time.strftime("%Y-%m-%d") / f"{kind}-{time.strftime('%H-%M-%S')}-{time.time_ns() % 10**6:06d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _device() -> str:
+    try:
+        import mindspore as ms
+
+        return str(ms.get_context("device_target"))
+    except Exception:  # noqa: BLE001 - a tag, not worth failing for
+        return "unknown"
+
+
+def _qualname(obj) -> str:
+    cls = obj if isinstance(obj, type) else type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+class _Run:
+    """One tracked run: started once, ended once (FINISHED / FAILED / KILLED), never left RUNNING."""
+
+    def __init__(self, who: str, kind: str, experiment, tracking_uri, settings: dict):
+        self.who, self.kind = who, kind
+        self.settings = settings
+        self.cfg = _tracking(who, experiment, tracking_uri, settings["flush_every"])
+        self.tracker: MlflowTracker | None = None
+        self.folder: Path | None = None
+        self.status: str | None = None    # how the run ended (None: not ended)
+
+    @property
+    def run_id(self) -> str | None:
+        return self.tracker.run_id if self.tracker is not None else None
+
+    @property
+    def open(self) -> bool:
+        return self.tracker is not None and self.status is None
+
+    def start(self, params: dict[str, Any], tags: dict[str, str]) -> None:
+        self.folder = run_folder(self.kind)
+        self.tracker = MlflowTracker(self.cfg.uri, self.cfg.experiment, self.cfg.flush_every, self.folder,
+                                     self.cfg.heartbeat_seconds)
+        self.status = None
+        base = {"hardware": _device(), "output_dir": str(self.folder), SOURCE_TAG: self.kind,
+                OBJECTIVE_TAG: "train/loss", DIRECTION_TAG: "minimize"}
+        name = self.settings.get("run_name") or f"{tags.get('model', 'net').rsplit('.', 1)[-1]}-{tags.get('amp', '')}-{tags.get('scaler', '')}".lower()
+        self.tracker.start(name, params, {**base, **tags})
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        if self.open and metrics:
+            self.tracker.log_metrics(metrics, step)
+
+    def end(self, error: BaseException | None = None) -> None:
+        if not self.open:
+            return
+        if error is None:
+            status, text = "FINISHED", None
+        elif isinstance(error, KeyboardInterrupt):
+            status, text = "KILLED", f"interrupted ({error or 'Ctrl-C'})"
+        else:
+            status, text = "FAILED", f"{type(error).__name__}: {error}"
+        self.status = status
+        self.tracker.set_tags({"outcome": "completed" if error is None else "failed"})
+        self.tracker.finish(status, text)
+
+
+class TupleStatus:
+    """Host bookkeeping of (loss, finite, scale) statuses, fetched in one go at the cadence.
+
+    The steps' values stay device tensors (or numbers) until `drain`: the steps between two
+    log steps are not waited for. Metrics are ampgan's: train/loss (mean since the last drain),
+    train/scale (newest), train/skipped (non-finite steps so far, when they are skipped),
+    train/finite (all steps since the last drain were finite)."""
+
+    def __init__(self, prefix: str = "train"):
+        self.prefix = prefix
+        self.pending: list[tuple] = []
+        self.skipped = self.steps = 0
+
+    def push(self, loss, finite, scale, applies_nonfinite: bool = False) -> None:
+        self.pending.append((loss, finite, scale, applies_nonfinite))
+
+    def drain(self) -> dict[str, float]:
+        if not self.pending:
+            return {}
+        rows = [(_number(loss), bool(np.all(_array(finite))), _number(scale), keep) for loss, finite, scale, keep in self.pending]
+        self.pending.clear()
+        self.steps += len(rows)
+        self.skipped += sum(1 for _, finite, _, keep in rows if not finite and not keep)
+        p = self.prefix
+        return {f"{p}/loss": float(np.mean([r[0] for r in rows])), f"{p}/scale": rows[-1][2],
+                f"{p}/skipped": float(self.skipped), f"{p}/finite": float(all(r[1] for r in rows))}
+
+
+def _array(value) -> np.ndarray:
+    return np.asarray(value.asnumpy() if hasattr(value, "asnumpy") else value)
+
+
+def _number(value) -> float:
+    return float(_array(value).reshape(-1)[0]) if _array(value).size else math.nan
+
+
+class AmpganCallback(_Callback):
+    """`callbacks=[api.callback(...)]` for `Model.train` (see the module's docstring).
+
+    With ampgan's step cell (`api.train_step`) it reads the cell's packed statuses (losses,
+    scale, applied, gradient health) at its log steps, which it tells the cell to measure; with
+    MindSpore's `TrainOneStepWithLossScaleCell` it reads `(loss, overflow, scale)`. Any other
+    network (a plain `TrainOneStepCell`: the loss only) is one `AmpganError` line before a run starts.
+    `status_reader(step, float16)`: what drains the ampgan cell's statuses into metrics (the
+    trainer's own `NetState`, given by `ampgan.api`).
+    """
+
+    DEFAULTS = {"log_every": 10, "flush_every": 500, "run_name": ""}
+
+    def __init__(self, experiment: str | None = None, tracking_uri: str | None = None,
+                 status_reader: Callable | None = None, **settings):
+        super().__init__()
+        self.settings = _settings("api.callback", settings, self.DEFAULTS)
+        self.log_every = self.settings["log_every"]
+        self.run = _Run("api.callback", "callback", experiment, tracking_uri, self.settings)
+        self._reader_factory = status_reader
+        self._reader = None
+        self._cell = None
+        self._tuple: TupleStatus | None = None
+        self._last_step = self._last_logged = 0
+
+    @property
+    def run_id(self) -> str | None:
+        return self.run.run_id
+
+    # ---------------------------------------------------------------- context manager (Model.train enters it)
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if self.run.open:
+            if exc is None:
+                self._drain(self._last_step)
+            self.run.end(exc)
+        return False
+
+    # ---------------------------------------------------------------- hooks
+    def on_train_begin(self, run_context):
+        cb = run_context.original_args()
+        net = cb.train_network if getattr(cb, "train_network", None) is not None else cb.network
+        self._cell, self._tuple, self._reader = None, None, None
+        if getattr(net, "ampgan_step", False):
+            self._cell = net
+            self._reader = self._reader_factory(net.step, net.float16) if self._reader_factory else None
+            params, tags = net.describe(), {}
+            tags.update(model=params["model.net._target_"], amp=net.amp_level, scaler=net.scaler_cfg.name)
+        elif _is_loss_scale_cell(net):
+            self._tuple = TupleStatus()
+            params, tags = _describe_mindspore_cell(net), {"amp": "unknown", "scaler": "loss_scale_manager"}
+            tags["model"] = params["model.net._target_"]
+        else:
+            raise AmpganError("api.callback: " + NO_STATUS.format(name=type(net).__name__, what="the loss only"))
+        dataset = getattr(cb, "train_dataset", None)
+        tags["data"] = type(dataset).__name__ if dataset is not None else "user"
+        params.update({"trainer.epochs": str(getattr(cb, "epoch_num", "")), "trainer.log_every": str(self.log_every),
+                       "data.batches_per_epoch": str(getattr(cb, "batch_num", ""))})
+        self._last_step = self._last_logged = 0
+        self.run.start(params, tags)
+
+    def on_train_step_begin(self, run_context):
+        if self._cell is not None:
+            step = run_context.original_args().cur_step_num
+            self._cell.measure_next = self._due(step)   # the steps it logs run the measuring variant
+
+    def on_train_step_end(self, run_context):
+        if not self.run.open:
+            return
+        cb = run_context.original_args()
+        step = cb.cur_step_num
+        self._last_step = step
+        if self._cell is not None:
+            if self._reader is not None:
+                self._reader.push(step, self._cell.last_status, self._cell.last_measured)
+        else:
+            out = cb.net_outputs
+            if not isinstance(out, (tuple, list)) or len(out) < 3:
+                raise AmpganError("api.callback: " + NO_STATUS.format(name=type(cb.train_network).__name__,
+                                                                      what="the loss only"))
+            self._tuple.push(out[0], _NotOverflow(out[1]), out[2])
+        if self._due(step):
+            self._drain(step)
+
+    def on_train_epoch_end(self, run_context):
+        if self.run.open:
+            self._drain(run_context.original_args().cur_step_num)
+
+    def on_train_end(self, run_context):
+        if self.run.open:
+            self._drain(run_context.original_args().cur_step_num)
+            self.run.end(None)
+
+    # ---------------------------------------------------------------- internals
+    def _due(self, step: int) -> bool:
+        return step == 1 or step % self.log_every == 0
+
+    def _drain(self, step: int) -> None:
+        if not step or step == self._last_logged:
+            return
+        metrics: dict[str, float] = {}
+        if self._reader is not None:
+            _, metrics = self._reader.drain()
+        elif self._tuple is not None:
+            metrics = self._tuple.drain()
+        self._last_logged = step
+        self.run.log(metrics, step)
+
+
+class _NotOverflow:
+    """A step's overflow flag, read as its finite flag when the status is fetched (not before)."""
+
+    def __init__(self, overflow):
+        self.overflow = overflow
+
+    def asnumpy(self):
+        return np.logical_not(_array(self.overflow))
+
+
+def _is_loss_scale_cell(net) -> bool:
+    try:
+        from mindspore import nn
+
+        return isinstance(net, nn.TrainOneStepWithLossScaleCell)
+    except ImportError:  # pragma: no cover
+        return False
+
+
+def _describe_mindspore_cell(cell) -> dict[str, str]:
+    net = getattr(cell, "network", cell)
+    backbone = getattr(net, "_backbone", net)
+    opt = getattr(cell, "optimizer", None)
+    params = {"model.net._target_": _qualname(backbone),
+              "model.params": str(int(sum(p.size for p in backbone.trainable_params())))}
+    if opt is not None:
+        params["model.optimizer._target_"] = _qualname(opt)
+    return params
+
+
+class Monitor:
+    """`with api.monitor(...) as monitor:` around a functional loop; `monitor.step(loss, finite,
+    scaler, grads=None)` once a step. The callback's twin: the same run, tags and metrics.
+
+    `loss`, `finite` (the step's `all_finite` flag) and `scaler` (ampgan's `api.loss_scaler` or
+    MindSpore's `DynamicLossScaler`/`StaticLossScaler`: its `scale_value` is read) are kept as
+    device values and fetched at log steps only; `grads` (the step's unscaled gradients), when
+    given, are measured at log steps: `train/underflow`, `train/zero` (of the gradients as
+    they are) and `train/max_abs_grad`, `train/nonfinite`. A non-finite step counts as skipped
+    unless the scaler applies non-finite steps (ampgan's `none`, `static`/`fixed_clip` with
+    `skip_nonfinite=false`). Settings: `log_every` (10), `net`, `optimizer`, `amp` (recorded as
+    params and tags when given), `run_name`, `flush_every`.
+    """
+
+    DEFAULTS = {"log_every": 10, "flush_every": 500, "run_name": "", "net": None, "optimizer": None, "amp": None}
+
+    def __init__(self, experiment: str | None = None, tracking_uri: str | None = None, **settings):
+        self.settings = _settings("api.monitor", settings, self.DEFAULTS)
+        self.log_every = self.settings["log_every"]
+        self.run = _Run("api.monitor", "monitor", experiment, tracking_uri, self.settings)
+        self.status = TupleStatus()
+        self.steps = 0
+        self._health: dict[str, float] = {}
+        self._scaler_logged = False
+
+    @property
+    def run_id(self) -> str | None:
+        return self.run.run_id
+
+    def __enter__(self):
+        self.run.start(*self._params())
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if self.run.open:
+            if exc is None:
+                self._drain()
+            self.run.end(exc)
+        return False
+
+    def _params(self) -> tuple[dict, dict]:
+        s = self.settings
+        params: dict[str, str] = {"trainer.log_every": str(self.log_every)}
+        tags: dict[str, str] = {"data": "user"}
+        net, opt, amp = s["net"], s["optimizer"], s["amp"]
+        if net is not None:
+            params["model.net._target_"] = tags["model"] = _qualname(net)
+            if hasattr(net, "trainable_params"):
+                params["model.params"] = str(int(sum(p.size for p in net.trainable_params())))
+        if opt is not None:
+            params["model.optimizer._target_"] = _qualname(opt)
+            lr = getattr(opt, "learning_rate", None)
+            if lr is not None and hasattr(lr, "asnumpy") and lr.size == 1:
+                params["model.lr"] = f"{float(lr.asnumpy().reshape(-1)[0]):g}"
+        if amp is not None:
+            params["amp.level"] = tags["amp"] = str(amp).upper()
+        return params, tags
+
+    def step(self, loss, finite, scaler, grads=None) -> None:
+        """Record one step: kept on the device, fetched and logged every `log_every` steps (and the first)."""
+        if not self.run.open:
+            raise AmpganError("api.monitor: monitor.step(...) outside its `with api.monitor(...) as monitor:` block")
+        self.steps += 1
+        if not self._scaler_logged:
+            self._describe_scaler(scaler)
+        value = getattr(scaler, "scale_value", 1.0)
+        scale = value * 1.0 if hasattr(value, "asnumpy") else value   # a copy: the Parameter changes in place
+        self.status.push(loss, finite, scale, _applies_nonfinite(scaler))
+        if self.steps == 1 or self.steps % self.log_every == 0:
+            if grads is not None:
+                self._health = _grad_health(grads)
+            self._drain()
+
+    def _describe_scaler(self, scaler) -> None:
+        self._scaler_logged = True
+        inner = getattr(scaler, "inner", None)
+        cfg = getattr(inner, "config", None)
+        name = getattr(cfg, "name", None) or type(scaler).__name__
+        self.run.tracker.set_tags({"scaler": name})
+
+    def _drain(self) -> None:
+        metrics = self.status.drain()
+        metrics.update(self._health)
+        self._health = {}
+        self.run.log(metrics, self.steps)
+
+
+def _applies_nonfinite(scaler) -> bool:
+    flag = getattr(getattr(scaler, "inner", None), "apply_nonfinite", None)
+    return bool(_array(flag)) if flag is not None else False
+
+
+def _grad_health(grads) -> dict[str, float]:
+    """The gradients' health, pooled over all of them: one reduction per gradient on the device, one fetch."""
+    from ampgan.amp.health import HEALTH_FIELDS, grad_health
+
+    rows = _array(grad_health(tuple(grads)))
+    sizes = np.array([float(np.prod(g.shape)) for g in grads])
+    w = sizes / sizes.sum()
+    nonzero = float(w @ (1.0 - rows[:, HEALTH_FIELDS.index("zero")]))
+    return {"train/zero": float(w @ rows[:, HEALTH_FIELDS.index("zero")]),
+            "train/underflow": float(w @ rows[:, HEALTH_FIELDS.index("underflow")]),
+            "train/underflow_of_nonzero": float(w @ rows[:, HEALTH_FIELDS.index("underflow")]) / max(nonzero, 1e-12),
+            "train/max_abs_grad": float(rows[:, HEALTH_FIELDS.index("max_abs")].max()),
+            "train/nonfinite": float(rows[:, HEALTH_FIELDS.index("nonfinite")].sum())}
