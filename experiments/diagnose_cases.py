@@ -3,6 +3,8 @@
     python -m experiments.diagnose_cases                      # every case: planted, architectures, realistic
     python -m experiments.diagnose_cases --only realistic     # one group (planted | architectures | realistic)
     python -m experiments.diagnose_cases --write-docs         # and put the table into docs/diagnose.md
+    python -m experiments.diagnose_cases --preset case_slow_fp32   # one case (repeatable), merged into the results
+    python -m experiments.diagnose_cases --table --write-docs # the table from the results so far, running nothing
 
 The cases and their expected verdicts are `ampgan_corpus/cases.py`, the same the tests read; each
 runs as the tests run it (tracking off; the planted ones with the corpus test's short replay). A
@@ -86,24 +88,41 @@ def write_docs(table: str, doc: Path = DOC) -> None:
     doc.write_text(head + BEGIN + "\n" + table + "\n" + END + rest.split(END, 1)[1])
 
 
+def key(row: dict) -> tuple:
+    """A result's case: its preset and its extra overrides (one preset can be two cases)."""
+    return row["preset"], tuple(row["extra"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.diagnose_cases", description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=("planted", "architectures", "realistic"), action="append")
     parser.add_argument("--write-docs", action="store_true", help="put the table into docs/diagnose.md")
+    parser.add_argument("--preset", action="append", help="only this case (repeatable); results merged")
+    parser.add_argument("--table", action="store_true", help="run nothing: the table of the results so far")
+    parser.add_argument("--fresh", action="store_true", help="forget earlier results (default: keep and merge)")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "diagnose_cases.json")
     args = parser.parse_args(argv)
-    cases = corpus(args.only or ["planted", "architectures", "realistic"])
-    rows: list[dict] = []
+    cases = [c for c in corpus(args.only or ["planted", "architectures", "realistic"])
+             if not args.preset or c[1] in args.preset]
+    if args.preset and not cases:
+        raise SystemExit(f"experiments.diagnose_cases: error: no case named {', '.join(args.preset)} in ampgan_corpus/cases.py")
+    done = {} if args.fresh or not args.out.exists() else {key(r): r for r in json.loads(args.out.read_text())}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    for i, (group, preset, expected, overrides) in enumerate(cases, 1):
+    for i, (group, preset, expected, overrides) in enumerate([] if args.table else cases, 1):
         got, headline, seconds = diagnose_one(preset, overrides)
         extra = [o for o in overrides if o not in PLANTED_OVERRIDES and not o.startswith("diagnose.m")]
-        rows.append({"group": group, "preset": preset, "extra": extra, "expected": expected, "got": got,
-                     "headline": headline, "seconds": seconds})
-        args.out.write_text(json.dumps(rows, indent=1))
+        row = {"group": group, "preset": preset, "extra": extra, "expected": expected, "got": got,
+               "headline": headline, "seconds": seconds}
+        done[key(row)] = row
+        args.out.write_text(json.dumps(list(done.values()), indent=1))
         mark = "ok" if got == expected else "WRONG"
         print(f"[{i}/{len(cases)}] {preset} {' '.join(extra)}: expected {expected}, got {got} ({mark}, {seconds:.0f}s)",
               file=sys.stderr, flush=True)
+    order = {(p, tuple(o for o in ov if o not in PLANTED_OVERRIDES and not o.startswith("diagnose.m"))): n
+             for n, (_, p, _, ov) in enumerate(corpus(["planted", "architectures", "realistic"]))}
+    rows = sorted(done.values(), key=lambda r: order.get(key(r), len(order)))
+    if not rows:
+        raise SystemExit(f"experiments.diagnose_cases: error: no results in {args.out} yet")
     table = confusion(rows)
     print(table)
     if args.write_docs:
