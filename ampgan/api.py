@@ -18,6 +18,16 @@ by name as any `model.net` target is. `data` is `(x, y)` or `(x_train, y_train, 
 arrays, an iterable of `(x, y)` batches or a `mindspore.dataset` pipeline (ampgan.data.custom).
 `optimizer` is an optimizer class or a function of the parameters (default: Adam); it gets
 `lr` and `betas` by name as `model.optimizer` does (`overrides=("model.lr=0.05",)`). Bad input raises `ampgan.AmpganError` with one line, before any run.
+
+`task` is the kind of run, an option of conf/model/ (its task class is the protocol the loop and
+diagnose call): `"classifier"` (the default: `net`, `loss`, `data` of `(x, y)`), `"wgan_gp"`
+(`generator` and `critic`, each a class or function building a Cell, given `z_dim`, `hidden`,
+`depth`, `sample_shape` by name; `data` of samples `x`, or `(x, y)` whose labels it ignores) or
+`"lm"` (`net` given `vocab_size` and `seq_len`; `text`, a str or a function returning one). A
+part left out is the task's own default (ampgan's nets, its data set):
+
+    run = api.train(task="wgan_gp", generator=MyGenerator, critic=MyCritic, data=points, amp="O2", steps=300)
+    verdict = api.diagnose(task="lm", net=MyLM, text=open("corpus.txt").read(), amp="O3")
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ user = types.SimpleNamespace()  # the objects passed in, for `_target_: ampgan.a
 
 @dataclass
 class TrainResult:
-    objective: float        # the task's objective (classifier: eval/accuracy)
+    objective: float        # the task's objective (classifier: eval/accuracy; wgan_gp: eval/swd; lm: its eval loss)
     run_id: str | None      # the MLflow run (None with tracking="none")
     folder: Path            # the run folder: config.yaml, checkpoints, pictures
 
@@ -47,30 +57,69 @@ def _provide(name: str, obj) -> str:
     return f"ampgan.api.user.{name}"
 
 
-def _overrides(net, data, loss, optimizer, amp: str, scaler: str, steps: int | None, batch_size: int | None,
-               seed: int | None, tracking_uri: str | None, experiment: str | None, overrides) -> list[str]:
+TASKS = ("classifier", "wgan_gp", "lm")   # conf/model/'s options: the task kinds a script can run
+TRAINERS = {"lm": "classifier"}         # the trainer option that task's own docs name (conf/model/lm.yaml)
+
+
+def _builder(name: str, obj):
     import mindspore as ms
 
-    if isinstance(net, ms.nn.Cell) or not callable(net):
-        raise AmpganError("api: net must be a class or a function that builds a fresh mindspore.nn.Cell "
-                          f"(diagnose builds it twice from one seed), got {type(net).__name__}")
-    out = ["model=classifier", f"amp={amp.lower()}", f"scaler={scaler}", f"model.net._target_={_provide('net', net)}"]
+    if isinstance(obj, ms.nn.Cell) or not callable(obj):
+        raise AmpganError(f"api: {name} must be a class or a function that builds a fresh mindspore.nn.Cell "
+                          f"(diagnose builds it twice from one seed), got {type(obj).__name__}")
+    return _provide(name, obj)
+
+
+def _samples(data, task: str):
+    """`data` as the custom data source reads it; a generative task takes bare samples too."""
+    if hasattr(data, "shape") and hasattr(data, "dtype"):
+        if task == "classifier":
+            raise AmpganError("api: a classifier's data is (x, y), got one array without labels")
+        import numpy as np
+
+        return (data, np.zeros(len(data), np.int32))   # a GAN reads samples only: one label for all
+    if hasattr(data, "__next__"):
+        return list(data)   # a generator: read once here, so each build (diagnose builds twice) sees it all
+    return data
+
+
+def _overrides(task: str, parts: dict, data, amp: str, scaler: str, settings: dict, overrides) -> list[str]:
+    """The command line this call stands for. `parts` maps the model's `_target_` keys (net,
+    generator, critic, loss, optimizer, text) to what the caller gave; None keeps the task's own."""
+    if task not in TASKS:
+        raise AmpganError(f"api: task must be one of {', '.join(TASKS)}, got {task!r}")
+    out = [f"model={task}", f"amp={amp.lower()}", f"scaler={scaler}"]
+    if task in TRAINERS:
+        out.append(f"trainer={TRAINERS[task]}")
+    model = _compose("train", [f"model={task}"]).model
+    for key, obj in parts.items():
+        if obj is None:
+            continue
+        if key not in model:
+            own = ", ".join(k for k in ("net", "generator", "critic", "loss", "text") if k in model)
+            raise AmpganError(f"api: a {task} run has no {key}; it takes {own}, optimizer")
+        if key == "text":
+            if not (isinstance(obj, str) or callable(obj)):
+                raise AmpganError(f"api: text must be a str or a function returning one, got {type(obj).__name__}")
+            target = _provide("text", (lambda text=obj: text) if isinstance(obj, str) else obj)
+        elif key == "optimizer":
+            if not callable(obj):
+                raise AmpganError("api: optimizer must be an optimizer class or a function of the parameters "
+                                  f"(e.g. mindspore.mint.optim.SGD), got {type(obj).__name__}")
+            target = _provide("optimizer", obj)
+        elif key == "loss":
+            import mindspore as ms
+
+            target = _provide("loss", (lambda cell=obj: cell) if isinstance(obj, ms.nn.Cell) or not isinstance(obj, type) else obj)
+        else:
+            target = _builder(key, obj)
+        out.append(f"model.{key}._target_={target}")
     if data is not None:
-        if hasattr(data, "__next__"):
-            data = list(data)   # a generator: read once here, so each build (diagnose builds twice) sees it all
-        out += ["data=custom", f"data.source._target_={_provide('data', lambda: data)}"]
-    if optimizer is not None:
-        if not callable(optimizer):
-            raise AmpganError("api: optimizer must be an optimizer class or a function of the parameters "
-                              f"(e.g. mindspore.mint.optim.SGD), got {type(optimizer).__name__}")
-        out.append(f"model.optimizer._target_={_provide('optimizer', optimizer)}")
-    if loss is not None:
-        factory = (lambda: loss) if isinstance(loss, ms.nn.Cell) or not isinstance(loss, type) else loss
-        out.append(f"model.loss._target_={_provide('loss', factory)}")
-    for key, value in (("trainer.max_steps", steps), ("trainer.batch_size", batch_size), ("trainer.seed", seed),
-                       ("tracking.uri", tracking_uri), ("tracking.experiment", experiment)):
-        if value is not None:
-            out.append(f"{key}={value}")
+        if task == "lm":
+            raise AmpganError("api: a language model reads text=, not data=")
+        data = _samples(data, task)
+        out += ["data=custom", f"data.source._target_={_provide('data', lambda arrays=data: arrays)}"]
+    out += [f"{key}={value}" for key, value in settings.items() if value is not None]
     return out + list(overrides)
 
 
@@ -94,16 +143,21 @@ def _run_folder(kind: str) -> Path:
     return outputs_dir() / kind / time.strftime("%Y-%m-%d") / f"api-{time.strftime('%H-%M-%S')}-{time.time_ns() % 10**6:06d}"
 
 
-def train(net, data=None, *, loss=None, optimizer=None, amp: str = "O2", scaler: str = "dynamic", steps: int | None = None,
+def train(net=None, data=None, *, task: str = "classifier", generator=None, critic=None, text=None, loss=None,
+          optimizer=None, amp: str = "O2", scaler: str = "dynamic", steps: int | None = None,
           batch_size: int | None = None, seed: int | None = None, tracking_uri: str | None = None,
           experiment: str | None = None, overrides: tuple[str, ...] = ()) -> TrainResult:
-    """Train `net` on `data` with ampgan's loop; `overrides`: any further `key=value` of the config
-    (`trainer.eval_every=50`, `amp.keep_fp32=[head]`, `tracking=none`, ...). Returns the objective,
-    the MLflow run id and the run folder."""
+    """Train `net` on `data` (or a GAN's `generator` and `critic`, a language model's `net` on
+    `text`: see `task` above) with ampgan's loop; `overrides`: any further `key=value` of the config
+    (`trainer.eval_every=50`, `amp.keep_fp32=[head]`, `tracking=none`, ...). Returns the task's
+    objective (accuracy, swd, perplexity: the one its runs report), the MLflow run id and the run
+    folder."""
     from ampgan.training.entry import train as train_cfg
 
-    cfg = _compose("train", _overrides(net, data, loss, optimizer, amp, scaler, steps, batch_size, seed, tracking_uri,
-                                       experiment, overrides))
+    parts = dict(net=net, generator=generator, critic=critic, text=text, loss=loss, optimizer=optimizer)
+    settings = {"trainer.max_steps": steps, "trainer.batch_size": batch_size, "trainer.seed": seed,
+                "tracking.uri": tracking_uri, "tracking.experiment": experiment}
+    cfg = _compose("train", _overrides(task, parts, data, amp, scaler, settings, overrides))
     folder = _run_folder("runs")
     objective = train_cfg(cfg, folder)
     from ampgan.tracking.tracker import RUN_RECORD
@@ -113,17 +167,21 @@ def train(net, data=None, *, loss=None, optimizer=None, amp: str = "O2", scaler:
     return TrainResult(objective, run_id, folder)
 
 
-def diagnose(net, data=None, *, loss=None, optimizer=None, amp: str = "O2", scaler: str = "dynamic", steps: int | None = None,
+def diagnose(net=None, data=None, *, task: str = "classifier", generator=None, critic=None, text=None, loss=None,
+             optimizer=None, amp: str = "O2", scaler: str = "dynamic", steps: int | None = None,
              batch_size: int | None = None, seed: int | None = None, tracking_uri: str | None = None,
              overrides: tuple[str, ...] = (), echo=print):
     """Replay the run beside its FP32 twin (`python -m ampgan.diagnose`): returns the verdict
     (`name`, `headline`, `evidence`, `layer`, `fixes`, `exit_code`), after printing the report
-    (`echo`) and logging the diagnosis to MLflow as the command does. `overrides` takes
-    `diagnose.*` keys too (`diagnose.verify=true`)."""
+    (`echo`) and logging the diagnosis to MLflow as the command does. The run is described as for
+    `train` (`task`, its parts, `steps`: the run's length, which the replay covers); `overrides`
+    takes `diagnose.*` keys too (`diagnose.verify=true`)."""
     from ampgan.diagnose.command import diagnose as diagnose_cfg
 
-    cfg = _compose("diagnose_main", _overrides(net, data, loss, optimizer, amp, scaler, None, batch_size, seed, tracking_uri,
-                                               None, (*([f"diagnose.steps={steps}"] if steps else []), *overrides)))
+    parts = dict(net=net, generator=generator, critic=critic, text=text, loss=loss, optimizer=optimizer)
+    settings = {"trainer.max_steps": steps, "trainer.batch_size": batch_size, "trainer.seed": seed,
+                "tracking.uri": tracking_uri}
+    cfg = _compose("diagnose_main", _overrides(task, parts, data, amp, scaler, settings, overrides))
     return diagnose_cfg(cfg, _run_folder("diagnose"), echo=echo).verdict
 
 
