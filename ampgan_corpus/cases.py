@@ -105,7 +105,10 @@ REALISTIC = [
     Case("case_pynative_wgan_swissroll_o3", "framework", fix="hardware.jit=true hardware.unsafe_pynative_gp=false",
          why="the same on the Swiss roll under O3"),
     Case("case_static_scale_too_high", "scaler", why="a static scale of 2^24 overflows every backward pass"),
-    Case("case_late_logit_overflow", "overflow", "head", why="logits x 2000 pass 65504 only after some training"),
+    Case("case_late_logit_overflow", "healthy",
+         why="written as 'logits x 2000 pass 65504 only after some training' (overflow at head); measured: no step "
+             "is non-finite over its 300 steps under O3 (accuracy 0.10 -> 0.958, as FP32): the softmax saturates "
+             "before the logits grow that far"),
     Case("case_annealed_sharpening", "overflow", "sharpen", ("Tensor.__mul__", "annealed_sharpening.py", 24),
          "amp.keep_fp32=[sharpen]",
          why="a sharpening factor growing 5% a step: the logits pass 65504 in float16 after ~150-250 of 300 steps"),
