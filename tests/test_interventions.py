@@ -43,14 +43,22 @@ def texts(fixes) -> list[str]:
 def test_candidates_put_the_mode_first_then_other_causes_probes_then_the_hypothesis_and_its_own_probes():
     tried = candidates(SCALER, facts(jit=False))
     assert texts(tried) == ["hardware.jit=true hardware.unsafe_pynative_gp=false", "amp.keep_fp32=[attn]",
-                            "scaler.init_scale=16384", "scaler=static scaler.init_scale=1"]
-    assert [f.cause for f in tried] == ["framework", "overflow", "scaler", "scaler"]
+                            "amp=o1 amp.keep_fp32=[attn]", "scaler.init_scale=16384", "scaler=static scaler.init_scale=1"]
+    assert [f.cause for f in tried] == ["framework", "overflow", "overflow", "scaler", "scaler"]
 
 
 def test_a_hypothesis_fix_keeps_its_cause_when_a_probe_repeats_it():
     tried = candidates(OVERFLOW, facts())
-    assert texts(tried) == ["scaler=static scaler.init_scale=1", "amp.keep_fp32=[attn]"]
-    assert [f.cause for f in tried] == ["scaler", "overflow"] and tried[1].why == "attn in FP32"
+    assert texts(tried) == ["scaler=static scaler.init_scale=1", "amp.keep_fp32=[attn]", "amp=o1 amp.keep_fp32=[attn]"]
+    assert [f.cause for f in tried] == ["scaler", "overflow", "overflow"] and tried[1].why == "attn in FP32"
+
+
+@pytest.mark.parametrize("level, o1", [("O1", False), ("O2", True), ("O3", True)])
+def test_the_located_cell_keeps_its_output_fp32_under_o1_only_when_o2_or_o3_would_cast_it_back(level, o1):
+    """O2/O3 run a kept cell in FP32 and cast its output to float16: a cell whose own output passes
+    65504 (a sharpened logit) is removed only by O1 with it kept; an O1 run has that probe already."""
+    tried = texts(candidates(OVERFLOW, facts(level=level)))
+    assert ("amp=o1 amp.keep_fp32=[attn]" in tried) is o1 and "amp.keep_fp32=[attn]" in tried
 
 
 def test_no_cell_or_scale_probe_without_non_finite_steps_nor_a_scale_probe_at_scale_one():

@@ -12,6 +12,9 @@ verdict is decided on what was measured (`confirm`):
     the hypothesis's own fixes            its cause         keep-lists, fp32_loss, the FP32 penalty,
                                                             a loss scale (scaler; underflow when raised)
     the located cell in FP32              overflow          a non-finite step located to a cell
+    that cell in FP32 with its output     overflow          the same, under O2/O3, which cast a kept
+      FP32 too (O1 with the keep-list)                      cell's output back to float16: a value
+                                                            the cell returns above 65504 needs O1
     loss scale 1, skipping overflow       scaler            a run with non-finite steps and a scale > 1
 
     1. the jit intervention removes the failure               -> framework
@@ -48,6 +51,7 @@ class Evidence:
     located_cell: str              # the cell of the first bad value ("" when none was located)
     fp32_fails: bool               # FP32 fails the same way, no later
     fp32_line: str                 # what the FP32 twin did, for the table
+    level: str = "O2"              # the run's AMP level (O2/O3 cast a kept cell's output to float16)
 
 
 def candidates(hypothesis: Verdict, ev: Evidence) -> list[Fix]:
@@ -63,6 +67,9 @@ def candidates(hypothesis: Verdict, ev: Evidence) -> list[Fix]:
     probes = []
     if ev.nonfinite and ev.located_cell:
         probes.append(Fix([f"amp.keep_fp32=[{ev.located_cell}]"], f"the located cell {ev.located_cell} in FP32", "overflow"))
+        if ev.level in ("O2", "O3"):   # O2/O3 cast the kept cell's output to float16; O1 leaves it FP32
+            probes.append(Fix(["amp=o1", f"amp.keep_fp32=[{ev.located_cell}]"],
+                              f"the located cell {ev.located_cell} in FP32 and its output FP32 too (O1)", "overflow"))
     if ev.nonfinite and ev.scale > 1:
         probes.append(Fix(["scaler=static", "scaler.init_scale=1"], "loss scale 1, overflowing steps skipped", "scaler"))
     # another cause's probe first (replaying stops at the hypothesis's first success: the table must

@@ -132,7 +132,8 @@ def evidence_of(a: Analysis) -> Evidence:
         fp32_line += f"; in the replay not finite at step {ref.failed_at} ({ref.failure})"
     return Evidence(jit=s.hardware.jit, scale=float(getattr(s.scaler, "init_scale", 1.0)),
                     nonfinite=any(x.nonfinite for x in sums) or (h is not None and h.amp.kind == "non_finite"),
-                    located_cell=located_cell(a.located, net_roots(a.synced)), fp32_fails=fp32_fails, fp32_line=fp32_line)
+                    located_cell=located_cell(a.located, net_roots(a.synced)), fp32_fails=fp32_fails, fp32_line=fp32_line,
+                    level=s.amp.level)
 
 
 def located_cell(located: Located | None, net_roots: tuple[str, ...]) -> str:
