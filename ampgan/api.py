@@ -168,21 +168,69 @@ def train(net=None, data=None, *, task: str = "classifier", generator=None, crit
 
 
 def diagnose(net=None, data=None, *, task: str = "classifier", generator=None, critic=None, text=None, loss=None,
-             optimizer=None, amp: str = "O2", scaler: str = "dynamic", steps: int | None = None,
+             optimizer=None, amp: str | None = None, scaler: str | None = None, steps: int | None = None,
              batch_size: int | None = None, seed: int | None = None, tracking_uri: str | None = None,
-             overrides: tuple[str, ...] = (), echo=print):
+             start=None, overrides: tuple[str, ...] = (), echo=print):
     """Replay the run beside its FP32 twin (`python -m ampgan.diagnose`): returns the verdict
     (`name`, `headline`, `evidence`, `layer`, `fixes`, `exit_code`), after printing the report
     (`echo`) and logging the diagnosis to MLflow as the command does. The run is described as for
-    `train` (`task`, its parts, `steps`: the run's length, which the replay covers); `overrides`
-    takes `diagnose.*` keys too (`diagnose.verify=true`)."""
+    `train` (`task`, its parts, `steps`: the run's length, which the replay covers; `amp` "O2" and
+    `scaler` "dynamic" unless given); `overrides` takes `diagnose.*` keys too (`diagnose.verify=true`).
+
+    `start`: a flight recording (the folder `api.callback` wrote and printed when a `Model.train`
+    run's loss went non-finite, or that run's folder). The replay then starts from its state (the
+    net's weights, the optimizer's moments, the scaler's scale, as after its step) and trains on
+    its recorded batches, in order, through the first bad step; `net`, `loss` and `optimizer` must
+    build what the script trained (the same classes), and the AMP level, keep-list and scaler are
+    the recorded ones unless given. `data`, when given, is only the evaluation's (and says how
+    many classes there are); otherwise the recorded batches are evaluated on too."""
     from ampgan.diagnose.command import diagnose as diagnose_cfg
 
     parts = dict(net=net, generator=generator, critic=critic, text=text, loss=loss, optimizer=optimizer)
     settings = {"trainer.max_steps": steps, "trainer.batch_size": batch_size, "trainer.seed": seed,
                 "tracking.uri": tracking_uri}
-    cfg = _compose("diagnose_main", _overrides(task, parts, data, amp, scaler, settings, overrides))
+    recorded: list[str] = []
+    if start is not None:
+        data, recorded, amp, scaler = _recorded(start, data, task, amp, scaler, settings)
+    cfg = _compose("diagnose_main", _overrides(task, parts, data, amp or "O2", scaler or "dynamic", settings,
+                                               (*recorded, *overrides)))
     return diagnose_cfg(cfg, _run_folder("diagnose"), echo=echo).verdict
+
+
+def _value(v) -> str:
+    """A recorded setting as a command-line value."""
+    return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _recorded(start, data, task: str, amp, scaler, settings: dict):
+    """What a flight recording fixes of the run: its batches as the training split (in order), its
+    batch size, a length through its first bad step, and (unless given) its AMP level, keep-list
+    and scaler. Returns (data, overrides, amp, scaler)."""
+    import numpy as np
+
+    from ampgan.data.custom import arrays_of
+    from ampgan.tracking.recorder import read
+
+    if task != "classifier":
+        raise AmpganError(f"api: start= replays a Model.train classifier's recording; task={task!r} has none")
+    rec = read(start)
+    inputs = rec.batches()
+    if len(inputs) != 2:
+        raise AmpganError(f"start={start}: its step took {len(inputs)} inputs; diagnose replays (data, label) batches")
+    x, y = (a.reshape(-1, *a.shape[2:]) for a in inputs)
+    test = arrays_of(data, "api: data") if data is not None else {"x_train": x, "y_train": y}
+    x_test, y_test = test.get("x_test", test["x_train"]), test.get("y_test", test["y_train"])
+    out = [f"diagnose.start={rec.folder}"]
+    if amp is None:
+        amp = rec.amp
+        out += [f"amp.keep_fp32=[{','.join(rec.keep_fp32)}]"] if rec.keep_fp32 else []
+    if scaler is None:
+        scaler = rec.scaler.get("name", "dynamic")
+        out += [f"scaler.{k}={_value(v)}" for k, v in rec.scaler.items() if k != "name"]
+    settings["trainer.batch_size"] = settings["trainer.batch_size"] or rec.batch_size
+    settings["trainer.max_steps"] = settings["trainer.max_steps"] or rec.first_bad_step + 10
+    arrays = (np.asarray(x, np.float32), np.asarray(y).astype(np.int32), x_test, y_test)
+    return arrays, out, amp, scaler
 
 
 def loss_scaler(scaler: str, **settings):

@@ -96,6 +96,12 @@ def _checked(arrays: dict, target: str) -> dict[str, np.ndarray]:
     return out
 
 
+def arrays_of(out, target: str) -> dict[str, np.ndarray]:
+    """Whatever a data source may return (arrays, batches, a mindspore.dataset), checked, as arrays
+    keyed x_train, y_train (and x_test, y_test when it has them)."""
+    return _checked(_arrays(out, target), target)
+
+
 def load_custom(cfg) -> Dataset:
     """`cfg`: a validated DataConfig whose `source` is set."""
     from ampgan.config.targets import instantiate

@@ -170,11 +170,22 @@ def diagnose(cfg: DictConfig, run_dir: Path, echo=print) -> Result:
         start = checkpoint_start(diagnosed, cfg, failed_at)
     s = validate(cfg)
     data = load_data(s)
+    recording = None
+    if dcfg.start:   # a flight recording: its state, converted once into a checkpoint set of this task
+        from ampgan.diagnose.replay import recorded_start
+        from ampgan.tracking.recorder import read
+
+        recording = read(dcfg.start)
+        failed_at, failure = recording.first_bad_step, recording.failure
+        start = recorded_start(s, data, recording, Path(run_dir) / "start")
 
     def progress(msg: str) -> None:
         if dcfg.progress:
             echo(f"[diagnose {time.perf_counter() - started:5.1f}s] {msg}", file=sys.stderr, flush=True)
 
+    if recording is not None:
+        progress(f"flight recording {recording.folder}: {failure}; starting from the state after step "
+                 f"{recording.step}, on its {recording.steps_recorded} recorded batches")
     if diagnosed:
         progress(f"run {diagnosed}: " + (f"data parallel on {workers} workers, replayed in one process on its global "
                                          f"batch of {s.trainer.batch_size}; " if workers > 1 else "")
@@ -245,6 +256,9 @@ def publish(result: Result, cfg: DictConfig, s, diagnosed: str | None, run_dir: 
             "data": s.data_name, "amp": s.amp.level, "scaler": s.scaler.name}
     if diagnosed:
         tags["ampgan.diagnosed_run"] = diagnosed
+        tags["ampgan.start_step"] = str(result.analysis.ref.start_step)
+    if cfg.diagnose.get("start"):   # a flight recording: where it is, and the step its state is from
+        tags["ampgan.recording"] = str(cfg.diagnose.start)
         tags["ampgan.start_step"] = str(result.analysis.ref.start_step)
     if v.fixes:
         tags["ampgan.fix"] = v.fixes[0].text   # only fixes whose replay removed the failure are kept

@@ -19,6 +19,7 @@ class DiagnoseConfig:
     steps: int = 12               # iterations replayed (GAN: n_critic critic steps + 1 generator step each)
     mode: str = "both"            # synced (per-step error) | free (trajectory divergence) | both
     run: str = ""                 # an MLflow run id: diagnose that run from its recorded config
+    start: str = ""               # a flight recording (api.callback's): replay from its state on its batches
     rel_tol: float = 0.05         # median relative gradient error (synced) under which AMP tracks FP32
     lost_tol: float = 0.05        # share of a net's FP32 gradient norm flushed to zero that is underflow
     skip_tol: float = 0.25        # share of skipped AMP updates that is a scaler problem
@@ -63,6 +64,7 @@ class DiagnoseConfig:
         require(self.search_steps >= 1, f"diagnose.search_steps must be >= 1, got {self.search_steps}")
         require(self.run == "" or self.run.replace("-", "").isalnum(),
                 f"diagnose.run must be an MLflow run id, got '{self.run}'")
+        require(not (self.run and self.start), "diagnose.run and diagnose.start name two starts: give one")
 
 
 def diagnose_settings(cfg: DictConfig) -> DiagnoseConfig:

@@ -22,6 +22,7 @@ from pathlib import Path
 import mindspore as ms
 import numpy as np
 
+from ampgan import AmpganError
 from ampgan.training import checkpoint, hardware
 from ampgan.config.schema import AmpConfig, Settings
 from ampgan.data import Dataset
@@ -55,6 +56,40 @@ def build_seeded(s: Settings, data: Dataset, start: Path | None = None):
             for k, value in own.items():
                 params[k].set_data(ms.Tensor(value, dtype=params[k].dtype))
     return task
+
+
+def recorded_start(s: Settings, data: Dataset, rec, folder: Path) -> Path:
+    """A flight recording (`api.callback`'s, `ampgan.tracking.recorder`) as a checkpoint set of this
+    run's task in `folder`: the recorded net, optimizer and scaler state by the names the user's
+    code gave them, the sampler at the first recorded batch (the data's training split is the
+    recorded batches, in order). A recording of another net (a name missing, a shape differing) is
+    one AmpganError line."""
+    from ampgan.tracking.recorder import STATE
+
+    hardware.setup(s.hardware, s.trainer.seed)
+    task = build_task(s, data)
+    saved = {k: v.asnumpy() for k, v in ms.load_checkpoint(str(Path(rec.folder) / STATE)).items()}
+    roles = [(task.nets, ("net/",), lambda p: p.get_parameters()),
+             (task.optimizers, ("optimizer/", "net/"), lambda o: (p for _, p in o.parameters_and_names())),
+             (task.scalers, ("scaler/",), None)]
+    for group, prefixes, params_of in roles:
+        for owner in group.values():
+            items = ([(p.name, p) for p in params_of(owner)] if params_of else
+                     [(a, v) for a, v in sorted(vars(owner).items())
+                      if isinstance(v, ms.Parameter) and a not in owner.hyperparameters])
+            for name, param in items:
+                key = next((f"{pre}{name}" for pre in prefixes if f"{pre}{name}" in saved), None)
+                if key is None:
+                    raise AmpganError(f"start={rec.folder}: the recording does not fit this net: it has no "
+                                      f"'{prefixes[0]}{name}' (recorded from {rec.net} with {rec.optimizer}; "
+                                      "give the same net class and optimizer)")
+                if saved[key].shape != tuple(param.shape):
+                    raise AmpganError(f"start={rec.folder}: the recording does not fit this net: '{key}' has "
+                                      f"shape {saved[key].shape}, this net's is {tuple(param.shape)} (recorded from {rec.net})")
+                param.set_data(ms.Tensor(np.array(saved[key], copy=True), dtype=param.dtype))
+    n = rec.steps_recorded * rec.batch_size
+    task.batches.load_state({"rng": task.batches.rng.bit_generator.state, "order": list(range(n)), "pos": 0})
+    return checkpoint.save(task, folder, rec.step, keep=1)
 
 
 # ---------------------------------------------------------------- what diagnose needs of a task

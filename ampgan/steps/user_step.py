@@ -139,6 +139,8 @@ class UserTrainStep(nn.Cell):
         net_amp = apply_amp(backbone, level, keep)
         self.network = FP32LossCell(net_amp, loss_fn) if loss_fn is not None else net_amp
         self.network.set_train(True)   # cells start in inference mode: BatchNorm would use its moving statistics
+        object.__setattr__(self, "backbone", backbone)   # the user's net (its Parameters, not a second registration)
+        object.__setattr__(self, "loss_fn", loss_fn)
         self.optimizer = optimizer
         self.amp_level, self.keep_fp32, self.scaler_cfg = level, keep, scaler_cfg
         self.scaler = build_scaler(scaler_cfg, f"ampgan_step{next(_cells)}.scaler")
@@ -162,6 +164,21 @@ class UserTrainStep(nn.Cell):
                "model.optimizer._target_": _qualname(self.optimizer), "model.lr": learning_rate(self.optimizer),
                "amp.level": self.amp_level, "amp.keep_fp32": str(self.keep_fp32)}
         out.update({f"scaler.{k}": str(v) for k, v in asdict(self.scaler_cfg).items()})
+        return out
+
+    def state_tensors(self) -> dict[str, ms.Parameter]:
+        """Every state tensor a replay needs, by role and the name the user's code gives it:
+        `net/<name>` (all the net's parameters, BatchNorm's statistics too), `optimizer/<name>`
+        (its moments and step count: what is not a net weight), `scaler/<attribute>` (its scale and
+        counters, not its settings). What `api.callback`'s flight recorder saves."""
+        out = {f"net/{p.name}": p for p in self.backbone.get_parameters()}
+        weights = {id(p) for p in self.backbone.get_parameters()}
+        for _, p in self.optimizer.parameters_and_names():
+            if id(p) not in weights:
+                out[f"optimizer/{p.name}"] = p
+        for attr, value in sorted(vars(self.scaler).items()):
+            if isinstance(value, ms.Parameter) and attr not in self.scaler.hyperparameters:
+                out[f"scaler/{attr}"] = value
         return out
 
     @property

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ampgan import AmpganError, outputs_dir
+from ampgan.tracking.recorder import FlightRecorder, describe_cell, diagnose_call, qualname
 from ampgan.tracking.tracker import DIRECTION_TAG, OBJECTIVE_TAG, MlflowTracker
 
 try:   # `mindspore.train.Callback`: Model.train calls its hooks (and enters it as a context manager)
@@ -72,11 +73,6 @@ def _device() -> str:
         return str(ms.get_context("device_target"))
     except Exception:  # noqa: BLE001 - a tag, not worth failing for
         return "unknown"
-
-
-def _qualname(obj) -> str:
-    cls = obj if isinstance(obj, type) else type(obj)
-    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 class _Run:
@@ -173,7 +169,7 @@ class AmpganCallback(_Callback):
     trainer's own `NetState`, given by `ampgan.api`).
     """
 
-    DEFAULTS = {"log_every": 10, "flush_every": 500, "run_name": ""}
+    DEFAULTS = {"log_every": 10, "flush_every": 500, "run_name": "", "record": True}
 
     def __init__(self, experiment: str | None = None, tracking_uri: str | None = None,
                  status_reader: Callable | None = None, **settings):
@@ -185,7 +181,9 @@ class AmpganCallback(_Callback):
         self._reader = None
         self._cell = None
         self._tuple: TupleStatus | None = None
+        self._recorder: FlightRecorder | None = None
         self._last_step = self._last_logged = 0
+        self.recording: Path | None = None   # the flight recording, once the loss went non-finite
 
     @property
     def run_id(self) -> str | None:
@@ -224,6 +222,10 @@ class AmpganCallback(_Callback):
                        "data.batches_per_epoch": str(getattr(cb, "batch_num", ""))})
         self._last_step = self._last_logged = 0
         self.run.start(params, tags)
+        self._recorder = None
+        if self._cell is not None and self.settings["record"] and hasattr(self._cell, "state_tensors"):
+            self._recorder = FlightRecorder()
+            self._recorder.keep(self._cell.state_tensors(), 0)
 
     def on_train_step_begin(self, run_context):
         if self._cell is not None:
@@ -239,6 +241,8 @@ class AmpganCallback(_Callback):
         if self._cell is not None:
             if self._reader is not None:
                 self._reader.push(step, self._cell.last_status, self._cell.last_measured)
+            if self._recorder is not None:
+                self._recorder.push(cb.net_outputs[0], cb.train_dataset_element or ())
         else:
             out = cb.net_outputs
             if not isinstance(out, (tuple, list)) or len(out) < 3:
@@ -264,6 +268,7 @@ class AmpganCallback(_Callback):
     def _drain(self, step: int) -> None:
         if not step or step == self._last_logged:
             return
+        self._record(step)
         metrics: dict[str, float] = {}
         if self._reader is not None:
             _, metrics = self._reader.drain()
@@ -271,6 +276,29 @@ class AmpganCallback(_Callback):
             metrics = self._tuple.drain()
         self._last_logged = step
         self.run.log(metrics, step)
+
+
+    def _record(self, step: int) -> None:
+        """At a block's end: keep the state when every loss of the block was finite; at the first
+        block that was not, write the recording, tag the run and print the call that diagnoses it."""
+        rec = self._recorder
+        if rec is None:
+            return
+        bad = rec.first_bad()
+        if bad is None:
+            rec.keep(self._cell.state_tensors(), step)
+            return
+        self._recorder = None   # once per run: the first bad step is the one to diagnose
+        describe = {**describe_cell(self._cell), "failure": f"train/loss not finite at step {bad}",
+                    "run_id": self.run.run_id or ""}
+        folder = rec.write(self.run.folder, bad, describe)
+        self.recording = folder
+        self.run.tracker.set_tags({"ampgan.recording": str(folder), "ampgan.first_bad_step": str(bad)})
+        import sys
+
+        print(f"ampgan: step {bad}: the loss is not finite; the state after step {rec.step} and the "
+              f"{bad - rec.step} batch{'es' if bad - rec.step != 1 else ''} since are saved in {folder}. Diagnose from there: "
+              f"{diagnose_call(describe, folder)}", file=sys.stderr, flush=True)
 
 
 class _NotOverflow:
@@ -296,10 +324,10 @@ def _describe_mindspore_cell(cell) -> dict[str, str]:
     net = getattr(cell, "network", cell)
     backbone = getattr(net, "_backbone", net)
     opt = getattr(cell, "optimizer", None)
-    params = {"model.net._target_": _qualname(backbone),
+    params = {"model.net._target_": qualname(backbone),
               "model.params": str(int(sum(p.size for p in backbone.trainable_params())))}
     if opt is not None:
-        params["model.optimizer._target_"] = _qualname(opt)
+        params["model.optimizer._target_"] = qualname(opt)
     return params
 
 
@@ -349,11 +377,11 @@ class Monitor:
         tags: dict[str, str] = {"data": "user"}
         net, opt, amp = s["net"], s["optimizer"], s["amp"]
         if net is not None:
-            params["model.net._target_"] = tags["model"] = _qualname(net)
+            params["model.net._target_"] = tags["model"] = qualname(net)
             if hasattr(net, "trainable_params"):
                 params["model.params"] = str(int(sum(p.size for p in net.trainable_params())))
         if opt is not None:
-            params["model.optimizer._target_"] = _qualname(opt)
+            params["model.optimizer._target_"] = qualname(opt)
             lr = getattr(opt, "learning_rate", None)
             if lr is not None and hasattr(lr, "asnumpy") and lr.size == 1:
                 params["model.lr"] = f"{float(lr.asnumpy().reshape(-1)[0]):g}"

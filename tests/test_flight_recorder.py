@@ -1,0 +1,124 @@
+"""The flight recorder (issue 43, item 5): a user's `Model.train` script whose loss goes
+non-finite leaves its last good state and the batches since; the printed call diagnoses it from
+there, beside an FP32 twin, on the same batches, and names the user's op and line."""
+
+from __future__ import annotations
+
+import json
+
+import mindspore as ms
+import mindspore.dataset as mds
+import numpy as np
+import pytest
+from mindspore import nn
+from mindspore.train import Model
+
+from ampgan import AmpganError, api
+from ampgan_corpus.users.annealed_sharpening import AnnealedNet
+from tests.conftest import all_runs
+
+GROWTH = 1.3   # the sharpening grows 30% a step: float16's logits pass 65504 after ~30 steps
+
+
+def blobs(n: int = 960, seed: int = 0):
+    """Three classes of 8x8 one-channel images, separable: the net learns them in a few steps."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, n).astype(np.int32)
+    x = (rng.normal(size=(n, 1, 8, 8)) * 0.3 + y[:, None, None, None]).astype(np.float32)
+    return x, y
+
+
+def sharpened(in_channels: int, image_size: int, num_classes: int):
+    return AnnealedNet(in_channels, image_size, num_classes, growth=GROWTH)
+
+
+def adam(params):
+    return nn.Adam(params, learning_rate=1e-3)
+
+
+def train_until_it_fails(outputs, capsys, steps: int = 60, loss=None):
+    """The user's script: their net, loss, optimizer and dataset; ampgan's cell and callback."""
+    ms.set_seed(0)
+    x, y = blobs()
+    net = sharpened(1, 8, 3)
+    loss = loss if loss is not None else nn.CrossEntropyLoss()
+    step_cell = api.train_step(nn.WithLossCell(net, loss), adam(net.trainable_params()), amp="O2", scaler="dynamic")
+    callback = api.callback(log_every=5)
+    dataset = mds.NumpySlicesDataset({"image": x, "label": y}, shuffle=False).batch(16).take(steps)
+    Model(step_cell).train(1, dataset, callbacks=[callback], dataset_sink_mode=False)
+    return callback, capsys.readouterr().err
+
+
+def test_a_non_finite_loss_leaves_the_state_before_it_and_the_call_that_diagnoses_it(outputs, capsys):
+    callback, err = train_until_it_fails(outputs, capsys)
+    folder = callback.recording
+    assert folder is not None and (folder / "recording.json").exists() and (folder / "state.ckpt").exists()
+    rec = json.loads((folder / "recording.json").read_text())
+    first_bad, kept = rec["first_bad_step"], rec["step"]
+    # the kept state is the last log step (every 5) before the first bad one, and the window reaches it
+    assert 10 < first_bad < 60 and kept % 5 == 0 and kept < first_bad <= kept + 5
+    assert rec["steps_recorded"] == first_bad - kept and rec["amp"] == "O2" and rec["scaler"]["name"] == "dynamic"
+    with np.load(folder / "batches.npz") as b:
+        assert b["input_0"].shape == (first_bad - kept, 16, 1, 8, 8) and b["input_1"].shape == (first_bad - kept, 16)
+        x, _ = blobs()
+        np.testing.assert_array_equal(b["input_0"][0], x[kept * 16:(kept + 1) * 16])   # the very batches, in order
+    line = [ln for ln in err.splitlines() if ln.startswith("ampgan: step")]
+    assert len(line) == 1 and f"step {first_bad}: the loss is not finite" in line[0]
+    assert "ampgan.api.diagnose(AnnealedNet, loss=CrossEntropyLoss(...), optimizer=lambda params: Adam(" in line[0]
+    assert f'start="{folder}"' in line[0]
+    _, runs = all_runs(outputs)
+    (run,) = runs
+    assert run.info.status == "FINISHED"   # training went on (its steps skipped); the run ended as it does
+    assert run.data.tags["ampgan.first_bad_step"] == str(first_bad) and run.data.tags["ampgan.recording"] == str(folder)
+
+    # the call the line prints: the user's net, loss and optimizer, the recording; their data for evaluation
+    verdict = api.diagnose(sharpened, data=blobs(), loss=nn.CrossEntropyLoss(), optimizer=adam, start=folder,
+                           overrides=("diagnose.mode=synced",), echo=lambda *a, **k: None)
+    assert verdict.name == "overflow" and verdict.exit_code == 1 and verdict.layer == "sharpen"
+    assert "first bad value: step" in " ".join(verdict.evidence) and "output of cell sharpen" in " ".join(verdict.evidence)
+    # each printed fix was replayed and removed the failure: under O2 a kept cell's output is cast back to
+    # float16 (still above 65504), so the one that works keeps it FP32 under O1
+    assert [f.text for f in verdict.fixes] == ["amp=o1 amp.keep_fp32=[sharpen]"]
+    _, runs = all_runs(outputs)
+    (diagnosis,) = [r for r in runs if r.data.tags.get("ampgan.kind") == "diagnose"]
+    assert diagnosis.data.tags["ampgan.recording"] == str(folder) and diagnosis.data.tags["ampgan.start_step"] == str(kept)
+
+
+class OtherNet(nn.Cell):
+    def __init__(self, in_channels: int, image_size: int, num_classes: int):
+        super().__init__()
+        self.fc = nn.Dense(in_channels * image_size * image_size, num_classes)
+
+    def construct(self, x):
+        return self.fc(x.reshape(x.shape[0], -1))
+
+
+def test_a_recording_given_another_net_or_no_recording_is_one_line(outputs, capsys, tmp_path):
+    callback, _ = train_until_it_fails(outputs, capsys)
+    loss = nn.CrossEntropyLoss()
+    with pytest.raises(AmpganError) as err:
+        api.diagnose(OtherNet, data=blobs(), loss=loss, optimizer=adam, start=callback.recording, echo=lambda *a, **k: None)
+    assert "the recording does not fit this net" in str(err.value) and "AnnealedNet" in str(err.value)
+    assert "\n" not in str(err.value) and len(str(err.value)) <= 400
+    with pytest.raises(AmpganError) as err:
+        api.diagnose(sharpened, loss=loss, optimizer=adam, start=tmp_path, echo=lambda *a, **k: None)
+    assert "no flight recording there" in str(err.value)
+
+
+def test_a_run_that_stays_finite_records_nothing(outputs, capsys):
+    callback, err = train_until_it_fails(outputs, capsys, steps=8)   # the sharpening is still small
+    assert callback.recording is None and "ampgan: step" not in err
+    _, runs = all_runs(outputs)
+    assert "ampgan.first_bad_step" not in runs[0].data.tags
+
+
+def test_a_loss_that_fails_in_fp32_too_is_not_blamed_on_float16(outputs, capsys):
+    """MindSpore's `SoftmaxCrossEntropyWithLogits(sparse=True)` is inf in FP32 on CPU once a wrong
+    class's logit leads the true one by ~90 (measured: logits [100, 0, 0] with label 1 give inf;
+    `CrossEntropyLoss` gives 100). With it, the sharpened logits fail in FP32 at the very step
+    float16 does: the recording's replay says not_amp, and prints no fix."""
+    softmax_ce = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    callback, _ = train_until_it_fails(outputs, capsys, loss=softmax_ce)
+    verdict = api.diagnose(sharpened, data=blobs(), loss=softmax_ce, optimizer=adam, start=callback.recording,
+                           overrides=("diagnose.mode=synced",), echo=lambda *a, **k: None)
+    assert verdict.name == "not_amp" and verdict.exit_code == 3 and not verdict.fixes
