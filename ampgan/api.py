@@ -295,7 +295,8 @@ def callback(experiment: str | None = None, tracking_uri: str | None = None, **s
     `log_every` steps (10) and the first; no other step waits for the device. The run ends
     FINISHED with training, FAILED if training raises. Model's network must be
     `api.train_step(...)` (or MindSpore's TrainOneStepWithLossScaleCell): a plain TrainOneStepCell
-    returns no status and is one `ampgan.AmpganError` line. Settings: `log_every`, `run_name`,
+    returns no status and is one `ampgan.AmpganError` line. Settings: `log_every`, `run_name`, `record`
+    (True: the flight recorder, which saves the state before the first non-finite loss),
     `flush_every`. `.run_id` after training. See docs/own-script.md."""
     from ampgan.tasks.base import NetState
     from ampgan.tracking.callback import AmpganCallback
