@@ -134,3 +134,13 @@ def test_replaying_stops_once_the_mode_or_the_hypothesis_is_confirmed():
     assert not enough(Outcome(other, "healthy"))         # another cause: the hypothesis's own may still remove it
     assert enough(Outcome(KEEP, "healthy"))              # untagged: the hypothesis's own
     assert not enough(Outcome(SCALE, "overflow"))        # not removed
+
+
+def test_max_fixes_cuts_the_hypothesis_fixes_never_the_probes_that_decide_the_verdict():
+    """With diagnose.max_fixes=1 the hypothesis's first fix is still replayed after the other cause's
+    probe (a cut of the whole list to one left only that probe: every planted overflow `unexplained`)."""
+    many = Verdict("overflow", "h", [], "attn", [KEEP, Fix(["amp.keep_fp32=[head]"], "head in FP32")])
+    tried = texts(candidates(many, facts(jit=False), max_fixes=1))
+    assert tried == ["hardware.jit=true hardware.unsafe_pynative_gp=false", "scaler=static scaler.init_scale=1",
+                     "amp.keep_fp32=[attn]", "amp=o1 amp.keep_fp32=[attn]"]
+    assert "amp.keep_fp32=[head]" in texts(candidates(many, facts(), max_fixes=2))

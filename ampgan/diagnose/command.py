@@ -218,7 +218,7 @@ def diagnose(cfg: DictConfig, run_dir: Path, echo=print) -> Result:
             hypothesis.fixes = [Fix([result.search.override], "minimal FP32 keep-list found by ddmin")] + [
                 f for f in hypothesis.fixes if f.overrides != [result.search.override]]
         facts = evidence_of(analysis)
-        tried = candidates(hypothesis, facts)
+        tried = candidates(hypothesis, facts, dcfg.max_fixes)
         if dcfg.verify:
             if tried:   # each intervention replayed; over its own course too when the horizon saw the failure
                 seen = horizon is not None and (horizon.amp.failed_at is not None or horizon.amp_trails(dcfg))

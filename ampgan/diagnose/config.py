@@ -39,7 +39,7 @@ class DiagnoseConfig:
     locate: bool = True           # instrument the first non-finite step (forward, GP inner gradient, backward)
     verify: bool = True           # replay the interventions and decide the verdict by them (interventions.py);
                                   # false: the rules' hypothesis alone, marked so, with no fix printed
-    max_fixes: int = 5            # interventions replayed, at most
+    max_fixes: int = 5            # the hypothesis's own fixes replayed, at most (the probes of the mode and of each cause besides)
     seeds: int = 0                # K > 0: re-check the best fix on K seeds against FP32 on the objective
     seed_steps: int = 150         # training steps per seed in that check
     margin: float = 0.05          # equivalence margin on the objective (accuracy: absolute; swd: relative)

@@ -54,16 +54,17 @@ class Evidence:
     level: str = "O2"              # the run's AMP level (O2/O3 cast a kept cell's output to float16)
 
 
-def candidates(hypothesis: Verdict, ev: Evidence) -> list[Fix]:
+def candidates(hypothesis: Verdict, ev: Evidence, max_fixes: int = 5) -> list[Fix]:
     """The interventions to replay, in order: the mode first (a framework fault explains anything
-    else it shows), then the hypothesis's own fixes (tagged with its cause), then the located cell
-    in FP32 and a loss scale of 1, each tried once."""
+    else it shows), then the hypothesis's own fixes (tagged with its cause; the first `max_fixes`
+    of them), then the located cell in FP32 and a loss scale of 1, each tried once. The probes of
+    the mode and of each cause are never cut: without them the verdict could not be decided."""
     if hypothesis.name in NOTHING_TO_REMOVE:
         return []
     out = [] if ev.jit else [Fix(list(JIT), "the run's mode switched to jit (compiled), all else the same", "framework")]
     if hypothesis.name in ("framework", "not_amp") or ev.fp32_fails:
         return out   # FP32 itself fails, or the mode is suspected: no precision intervention to try
-    own = [f if f.cause else replace(f, cause=hypothesis.name) for f in hypothesis.fixes]
+    own = [f if f.cause else replace(f, cause=hypothesis.name) for f in hypothesis.fixes[:max_fixes]]
     probes = []
     if ev.nonfinite and ev.located_cell:
         probes.append(Fix([f"amp.keep_fp32=[{ev.located_cell}]"], f"the located cell {ev.located_cell} in FP32", "overflow"))

@@ -97,14 +97,15 @@ class Checked:
 def verify_fixes(cfg: DictConfig, dcfg, fixes: list[Fix], data: Dataset, cache: dict, progress,
                  steps: int | None = None, start: Path | None = None, horizon: Horizon | None = None,
                  enough=lambda checked: False) -> list[Checked]:
-    """Replay each intervention (`fixes`, at most `diagnose.max_fixes`) from the same start, seed and
+    """Replay each intervention (`fixes`: `interventions.candidates`, cut to `diagnose.max_fixes` of the
+    hypothesis's own) from the same start, seed and
     batches; its verdict `healthy` means it removes the failure. `horizon`: the diagnosis's, when the
     failure was seen there (each candidate then trains its own course over it, `course_length`, and is
     judged on it too, the evaluation objective included); None: the lockstep replay alone.
     `enough(checked)`: true once an outcome settles the question; the rest are not replayed."""
     out = []
     twin = repr(fp32_twin_settings(validate(cfg))) if horizon is not None else ""
-    for fix in fixes[: dcfg.max_fixes]:
+    for fix in fixes:
         progress(f"verify: {fix.text}")
         started = time.perf_counter()
         s = validate(apply_overrides(cfg, fix.overrides))
