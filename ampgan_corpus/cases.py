@@ -36,6 +36,12 @@ PLANTED = [
 ]
 
 
+# planted cases whose failure shows only over a longer horizon than the short one the corpus test
+# and the confusion run give the others (diagnose.horizon=50): measured, in 50 steps neither
+# PYNATIVE nor jit moves diag_framework's swd (0.6793 -> 0.6793), so the jit intervention cannot
+# show that it removes the failure (not_amp); over 300 steps jit learns and PYNATIVE does not (framework)
+PLANTED_HORIZON = {"diag_framework": ("diagnose.horizon=300",)}
+
 @dataclass(frozen=True)
 class ArchitectureCase:
     preset: str

@@ -30,11 +30,12 @@ PLANTED_OVERRIDES = ("diagnose.steps=2", "diagnose.mode=synced", "diagnose.max_f
 
 def corpus(groups: list[str]) -> list[tuple[str, str, str, tuple[str, ...]]]:
     """(group, preset, expected verdict, overrides) of every case in `groups`."""
-    from ampgan_corpus.cases import ARCHITECTURES, PLANTED, REALISTIC
+    from ampgan_corpus.cases import ARCHITECTURES, PLANTED, PLANTED_HORIZON, REALISTIC
 
     out = []
     if "planted" in groups:
-        out += [("planted", preset, verdict, PLANTED_OVERRIDES) for preset, verdict, *_ in PLANTED]
+        out += [("planted", preset, verdict, PLANTED_OVERRIDES + PLANTED_HORIZON.get(preset, ()))
+                for preset, verdict, *_ in PLANTED]
     if "architectures" in groups:
         out += [("architectures", c.preset, c.verdict, ("diagnose.max_fixes=2",)) for c in ARCHITECTURES]
     if "realistic" in groups:

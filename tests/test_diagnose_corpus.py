@@ -17,7 +17,7 @@ from hydra import compose, initialize_config_dir
 
 from ampgan.config.schema import CONF_DIR
 from ampgan.diagnose.command import diagnose
-from ampgan_corpus.cases import ARCHITECTURES, PLANTED as CORPUS, ArchitectureCase as Case
+from ampgan_corpus.cases import ARCHITECTURES, PLANTED as CORPUS, PLANTED_HORIZON, ArchitectureCase as Case
 
 FAST = ["tracking=none", "diagnose.steps=2", "diagnose.mode=synced", "diagnose.max_fixes=1", "diagnose.horizon=50"]
 
@@ -47,7 +47,7 @@ SLOW_CASES = ("diag_framework", "diag_forward_overflow", "diag_precision", "diag
                          [pytest.param(*c, marks=pytest.mark.slow) if c[0] in SLOW_CASES else c for c in CORPUS],
                          ids=[c[0] for c in CORPUS])
 def test_planted_case(preset, verdict, layer, why):
-    result = run(preset, "diagnose.verify=true", *EXTRA.get(preset, []))
+    result = run(preset, "diagnose.verify=true", *EXTRA.get(preset, []), *PLANTED_HORIZON.get(preset, ()))
     v = result.verdict
     assert v.name == verdict, f"{preset} ({why}): got {v.name}: {v.headline}"
     assert v.layer == layer, f"{preset}: layer {v.layer!r}, expected {layer!r} ({why})"
