@@ -59,12 +59,27 @@ class Group:
 class Bar:
     """A quality bar the reference configuration must pass on every seed before the study compares
     anything with it: a model that has not learned says nothing about whether float16 harms learning.
-    `facet`: the facet value it applies to (None: every facet)."""
+    `facet`: the facet value it applies to (None: every facet). `last`: how many of the run's last
+    evaluations must each pass (the worst of them is judged): a GAN's quality swings between
+    evaluations, and one good evaluation at the end is luck, not training."""
 
     metric: str
     threshold: float
     higher_is_better: bool = True
     facet: str | None = None
+    last: int = 1
+
+    @property
+    def column(self) -> str:
+        """The row key the bar reads: the metric, or its worst over the last evaluations."""
+        return self.metric if self.last == 1 else f"{self.metric} (worst of last {self.last})"
+
+    def worst_recent(self, history: list[float]) -> float | None:
+        """The worst of the last `last` values of a metric's history (None when it has fewer)."""
+        recent = history[-self.last:]
+        if len(recent) < self.last:
+            return None
+        return min(recent) if self.higher_is_better else max(recent)
 
     def passes(self, value) -> bool:
         if not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -72,7 +87,8 @@ class Bar:
         return value >= self.threshold if self.higher_is_better else value <= self.threshold
 
     def describe(self) -> str:
-        return f"{self.metric} {'>=' if self.higher_is_better else '<='} {self.threshold:g}"
+        each = f" at each of the last {self.last} evaluations" if self.last > 1 else ""
+        return f"{self.metric} {'>=' if self.higher_is_better else '<='} {self.threshold:g}{each}"
 
 
 @dataclass
@@ -173,13 +189,29 @@ def paired_p(a: list[float], b: list[float]) -> float | None:
     return float(stats.ttest_rel([x for x, _ in pairs], [y for _, y in pairs]).pvalue)
 
 
+def paired_interval(a: list[float], b: list[float], level: float = 0.95) -> tuple[float, float] | None:
+    """The t interval of mean(a - b) over pairs (same seed); None with < 2 finite pairs."""
+    from scipy import stats
+
+    d = [x - y for x, y in zip(a, b) if math.isfinite(x) and math.isfinite(y)]
+    if len(d) < 2:
+        return None
+    half = float(stats.t.ppf(0.5 + level / 2, len(d) - 1) * np.std(d, ddof=1) / math.sqrt(len(d)))
+    return float(np.mean(d)) - half, float(np.mean(d)) + half
+
+
+def paired_rows(g: Group, base: Group) -> tuple[Group, Group]:
+    """The two configurations' runs of the seeds both ran, in the same order."""
+    by_seed = {str(r.get(SEED_KEY)): r for r in base.rows}
+    pairs = [(r, by_seed[str(r.get(SEED_KEY))]) for r in g.rows if str(r.get(SEED_KEY)) in by_seed]
+    return Group(g.key, [x for x, _ in pairs]), Group(base.key, [y for _, y in pairs])
+
+
 def compare(g: Group, base: Group, metric: str) -> tuple[float | None, str]:
     """(p, test): paired over the seeds both configurations ran (same seed: same initial weights and
     batches, so the seed's own effect cancels), else Welch's test on the two samples."""
-    by_seed = {str(r.get(SEED_KEY)): r for r in base.rows}
-    pairs = [(r, by_seed[str(r.get(SEED_KEY))]) for r in g.rows if str(r.get(SEED_KEY)) in by_seed]
-    if len(pairs) >= 2:
-        a, b = Group(g.key, [x for x, _ in pairs]), Group(base.key, [y for _, y in pairs])
+    a, b = paired_rows(g, base)
+    if len(a.rows) >= 2:
         return paired_p(a.values(metric), b.values(metric)), "paired"
     return welch_p(g.values(metric), base.values(metric)), "Welch"
 
@@ -225,6 +257,9 @@ def seed_table(study: Study, rows: list[dict]) -> list[dict]:
             diff = spread(g.values(head))["mean"] - spread(base.values(head))["mean"]
             p, test = compare(g, base, head)
             row[f"{head} - ref"] = _fmt(diff)
+            a, b = paired_rows(g, base)
+            ci = paired_interval(a.values(head), b.values(head))
+            row["95% interval (paired)"] = "-" if ci is None else f"[{_fmt(ci[0])}, {_fmt(ci[1])}]"
             row["p"] = "-" if p is None else f"{p:.3f} ({test})"
             row["beyond noise"] = "-" if p is None else ("yes" if p < NOISE_P else "no")
         out.append(row)
@@ -270,12 +305,12 @@ def untrained(study: Study, rows: list[dict]) -> dict[str | None, str]:
             out[fv] = f"no quality bar is stated for the reference{where}"
             continue
         for bar in bars:
-            got = [r.get(bar.metric) for r in refs]
+            got = [r.get(bar.column) for r in refs]
             short = [g for g in got if not bar.passes(g)]
             if short or not refs:
                 shown = ", ".join(_fmt(float(g)) if isinstance(g, (int, float)) else "-" for g in got) or "no run"
                 out[fv] = (f"the reference{where} misses its bar {bar.describe()} on {len(short)} of {len(refs)} "
-                           f"seeds ({bar.metric}: {shown})")
+                           f"seeds ({bar.column}: {shown})")
                 break
     return out
 
@@ -337,6 +372,33 @@ def chart_seed_spread(study: Study, rows: list[dict], metric: str | None = None)
         ax.set_ylabel(metric)
         ax.set_title(f"{metric}{f' ({facet}={fv})' if fv else ''}: one dot per seed")
         ax.grid(alpha=0.3)
+    return fig
+
+
+def chart_history(ctx: Context, metric: str, title: str):
+    """An MLflow metric against the step, one line per configuration: its mean over seeds at each
+    logged step, with a band from the seeds' min to their max."""
+    from ampgan.reporting.report import new_figure
+
+    fig, axes = new_figure(1, width=7.0, height=4.2)
+    ax = axes[0][0]
+    for g in group_rows([dict(r, _run=run_) for r, run_ in zip(ctx.rows, ctx.runs)], ctx.study.groups):
+        by_step: dict[int, list[float]] = {}
+        for r in g.rows:
+            for m in ctx.client.get_metric_history(r["_run"].info.run_id, metric):
+                if math.isfinite(m.value):
+                    by_step.setdefault(m.step, []).append(m.value)
+        steps = sorted(by_step)
+        if not steps:
+            continue
+        line, = ax.plot(steps, [np.mean(by_step[s]) for s in steps], "o-", ms=3, label="-".join(g.key))
+        ax.fill_between(steps, [min(by_step[s]) for s in steps], [max(by_step[s]) for s in steps],
+                        color=line.get_color(), alpha=0.15)
+    ax.set_xlabel("step")
+    ax.set_ylabel(metric)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
     return fig
 
 
@@ -510,6 +572,9 @@ def _run(study: Study, args, mode: str, answer) -> int:
         r.update({k: arm_of(run_, k) for k in varies if r.get(k) in (None, "-")})
         r.update({k: run_.data.metrics.get(k) for k in study.run_metrics})
         r["run_id"] = run_.info.run_id
+        for bar in (b for b in study.bars if b.last > 1):
+            history = sorted((m.step, m.value) for m in client.get_metric_history(run_.info.run_id, f"eval/{bar.metric}"))
+            r[bar.column] = bar.worst_recent([v for _, v in history])
     sweep_minutes = ((parent.info.end_time or parent.info.start_time) - parent.info.start_time) / 60000
     ctx = Context(study, client, record["uri"], parent, runs, rows, seed_table(study, rows), folder, mode,
                   reuse=bool(args.sweep), started=time.perf_counter(), sweep_minutes=sweep_minutes)
