@@ -102,6 +102,44 @@ def test_a_small_shift_shared_by_every_seed_exceeds_seed_noise_when_paired():
     assert welch_p([b + 0.01 for b in base], base) > 0.5   # unpaired, the shift drowns in the seeds' spread
 
 
+def test_the_paired_interval_of_the_difference_holds_the_mean_and_excludes_zero_only_for_a_shift():
+    base = [1.0, 2.0, 3.0, 4.0]
+    rows = _rows({("a", "fp32"): base, ("a", "o2"): [b + 0.5 + 0.01 * (-1) ** i for i, b in enumerate(base)],
+                  ("a", "o3"): [b + 0.01 * (-1) ** i for i, b in enumerate(base)]})
+    table = {r["arm"]: r for r in seed_table(STUDY, rows)}
+
+    def interval(arm):
+        lo, hi = (float(x) for x in table[arm]["95% interval (paired)"].strip("[]").split(","))
+        return lo, hi
+
+    lo, hi = interval("o2")
+    assert 0 < lo < 0.5 < hi and table["o2"]["beyond noise"] == "yes"
+    lo, hi = interval("o3")
+    assert lo < 0 < hi and table["o3"]["beyond noise"] == "no"
+    # wider with fewer seeds: three pairs instead of four
+    narrow = interval("o2")
+    three = seed_table(STUDY, [r for r in rows if r["trainer.seed"] != "3"])
+    wide = next(r for r in three if r["arm"] == "o2")["95% interval (paired)"].strip("[]").split(",")
+    assert float(wide[1]) - float(wide[0]) > narrow[1] - narrow[0]
+
+
+def test_a_bar_over_the_last_evaluations_judges_their_worst():
+    bar = Bar("modes_covered", 7, last=3)
+    assert bar.worst_recent([0, 8, 8, 2, 8, 8]) == 2 and bar.worst_recent([0, 2, 7, 8, 7]) == 7
+    assert bar.worst_recent([8, 8]) is None and not bar.passes(bar.worst_recent([8, 8]))
+    assert Bar("swd", 0.1, higher_is_better=False, last=2).worst_recent([0.05, 0.3, 0.08]) == 0.3
+    assert bar.column == "modes_covered (worst of last 3)" and Bar("swd", 1).column == "swd"
+    assert "at each of the last 3 evaluations" in bar.describe()
+    study = Study(name="t", title="t", question="q", groups=["data", "arm"], metrics=["swd"], reference={"arm": "fp32"},
+                  facet="data", bars=[bar])
+    rows = _rows({("a", "fp32"): [1.0, 1.0], ("a", "o2"): [1.0, 1.0]})
+    for r, worst, final in zip(rows, [7, 2, 8, 8], [8, 8, 8, 8]):
+        r[bar.column], r["modes_covered"] = worst, final   # the final evaluation passes on every seed
+    ctx = Context(study, None, "", None, [None] * len(rows), rows, seed_table(study, rows), ROOT, "default")
+    text = conclude(ctx, _answer)
+    assert text.startswith("Reference not trained") and "on 1 of 2 seeds (modes_covered (worst of last 3): 7, 2)" in text
+
+
 # ---------------------------------------------------------------- no conclusion from a reference that has not trained
 def _answer(ctx: Context) -> str:
     """A stand-in answer that names the facets it was given."""
@@ -210,21 +248,69 @@ def test_lr_sensitivity_draws_no_conclusion_from_an_untrained_reference_and_name
     assert "Non-finite from: fp32 never, o2 0.1, o2_qknorm never" in text
 
 
-def test_the_wgan_study_states_a_bar_for_every_gaussian_set_it_runs_and_its_default_form_is_8_gaussians():
-    """The default form compares only where its reference can be judged: every 2-D set it runs has a bar."""
+def test_the_wgan_study_judges_its_reference_on_its_last_evaluations_and_its_full_form_adds_arms():
+    """The default form compares only where its reference can be judged: 7 of 8 modes at each of the
+    last 3 evaluations on every seed; --full runs the default's configurations and more."""
     from omegaconf import OmegaConf
 
     from experiments import wgan_amp
 
     params = OmegaConf.load(ROOT / "conf/experiment/study_wgan_amp.yaml").hydra.sweeper.params
     default = str(params["+arm/wgan_data"]).split(",")
-    full = next(o for o in wgan_amp.STUDY.full if o.startswith("+arm/wgan_data=")).split("=", 1)[1].split(",")
     quick = next(o for o in wgan_amp.STUDY.quick if o.startswith("+arm/wgan_data=")).split("=", 1)[1].split(",")
-    barred = {b.facet for b in wgan_amp.STUDY.bars}
-    assert default == ["gaussians8_long"] and quick == default and set(default) < set(full)
-    assert {d for d in full if d.startswith("gaussians")} <= barred
+    arms = str(params["+arm/wgan_amp"]).split(",")
+    full = next(o for o in wgan_amp.STUDY.full if o.startswith("+arm/wgan_amp=")).split("=", 1)[1].split(",")
+    assert default == ["gaussians8_long"] and quick == default
+    assert len(str(params["trainer.seed"]).split(",")) == 5 and set(arms) < set(full) and "fp32" in arms
+    (bar,) = [b for b in wgan_amp.STUDY.bars if b.facet == "gaussians8_long"]
+    assert (bar.metric, bar.threshold, bar.last) == ("modes_covered", 7, 3)
     ctx = _ctx(wgan_amp.STUDY, {("gaussians8_long", "fp32"): [8, 5, 8], ("gaussians8_long", "o2_dynamic"): [8, 8, 8]})
     for r in ctx.rows:
         r["wgan_data"], r["wgan_amp"] = r.pop("data"), r.pop("arm")
+        r[bar.column] = r["modes_covered"]
     ctx.table = seed_table(wgan_amp.STUDY, ctx.rows)
     assert conclude(ctx, wgan_amp.answer).startswith("Reference not trained")
+    for r in ctx.rows:
+        r[bar.column] = 8
+    assert conclude(ctx, wgan_amp.answer).startswith("None of the 1 AMP configurations differs from FP32")
+
+
+# ---------------------------------------------------------------- wgan_amp: one line per arm, quality against the step
+def test_wgan_amp_says_one_line_per_configuration_with_its_paired_interval():
+    from experiments.wgan_amp import STUDY as WGAN, arm_line
+
+    rows = [{"wgan_data": "g", "wgan_amp": arm, "trainer.seed": str(i), "swd": v, "status": "FINISHED",
+             "outcome": "completed", "critic skipped": 0.0, "critic final scale": 1.0, "critic underflow (mean)": 0.0}
+            for arm, vs in {"fp32": [0.05, 0.06, 0.07], "o2_dynamic": [0.15, 0.16, 0.18],
+                            "o2_underflow_aware_1": [0.051, 0.059, 0.071]}.items() for i, v in enumerate(vs)]
+    table = {r["wgan_amp"]: r for r in seed_table(WGAN, rows)}
+    worse = arm_line(table["o2_dynamic"])
+    assert worse.startswith("o2_dynamic: differs from FP32 beyond seed noise (swd 0.103 against FP32, 95% interval [")
+    assert arm_line(table["o2_underflow_aware_1"]).startswith("o2_underflow_aware_1: within seed noise of FP32")
+    table["o2_dynamic"]["diagnose"] = "scaler (scaler=underflow_aware)"
+    assert arm_line(table["o2_dynamic"]).endswith("; diagnose: scaler (scaler=underflow_aware).")
+
+
+def test_quality_against_the_step_draws_each_configuration_from_its_seeds_histories(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from experiments.study import chart_history
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'm.db'}")
+    exp = client.create_experiment("t")
+    rows, runs = [], []
+    for arm in ("fp32", "o2"):
+        for seed in range(2):
+            run_ = client.create_run(exp)
+            for step in (100, 200, 300):
+                client.log_metric(run_.info.run_id, "eval/swd", step / 1000 + seed * 0.01, step=step)
+            runs.append(client.get_run(run_.info.run_id))
+            rows.append({"data": "a", "arm": arm, "trainer.seed": str(seed)})
+    ctx = Context(STUDY, client, "", None, runs, rows, seed_table(STUDY, rows), tmp_path, "default")
+    fig = chart_history(ctx, "eval/swd", "t")
+    ax = fig.axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert set(lines) == {"a-fp32", "a-o2"}
+    assert list(lines["a-fp32"].get_xdata()) == [100, 200, 300]
+    assert list(lines["a-fp32"].get_ydata()) == pytest.approx([0.105, 0.205, 0.305])   # the two seeds' mean
+    assert len(ax.collections) == 2   # one min-max band per configuration
