@@ -58,7 +58,9 @@ def _provide(name: str, obj) -> str:
 
 
 TASKS = ("classifier", "wgan_gp", "lm")   # conf/model/'s options: the task kinds a script can run
-TRAINERS = {"lm": "classifier"}         # the trainer option that task's own docs name (conf/model/lm.yaml)
+# the trainer option each task's own docs name (conf/model/classifier.yaml, lm.yaml): the default
+# trainer is the 2-D WGAN-GP's schedule (3000 steps)
+TRAINERS = {"classifier": "classifier", "lm": "classifier"}
 
 
 def _builder(name: str, obj):
