@@ -11,7 +11,7 @@ from ampgan.amp.policy import apply_amp, check_keep_paths, shared_fp32_twin
 from ampgan.amp.scalers import build_scaler
 from ampgan.config.schema import Settings, WganGpConfig
 from ampgan.data import Batches, Dataset
-from ampgan.tasks.metrics import mode_coverage, sliced_wasserstein
+from ampgan.tasks.metrics import ClassJudge, mode_coverage, sliced_wasserstein
 from ampgan.steps.gan import CRITIC_LOSSES, GENERATOR_LOSSES, build_gan_steps, critic_loss_fn, generator_loss_fn
 from ampgan.tasks.base import (SAMPLES_OVER_TIME, NetState, Optimised, TaskBase, activation_peaks, computes_float16,
                                health_fn)
@@ -64,6 +64,7 @@ class GanTask(TaskBase):
         self.rngs = {"noise": self.rng}
         self.batch_size = s.trainer.batch_size
         self.alpha_shape = (self.batch_size,) + (1,) * len(shape)
+        self._judge: ClassJudge | None = None   # fitted at the first evaluation (judge())
 
     has_penalty = True
     penalty_root = "critic"
@@ -138,7 +139,21 @@ class GanTask(TaskBase):
         if self.data.modes is not None:
             cov = mode_coverage(fake[finite], self.data.modes, self.data.mode_radius)
             out.update({f"eval/{k}": v for k, v in cov.items()})
+        judge = self.judge()
+        if judge is not None:
+            out.update({f"eval/{k}": v for k, v in judge(fake[finite]).items()})
+            out["eval/judge_accuracy"] = judge.accuracy
         return out
+
+    def judge(self) -> ClassJudge | None:
+        """A classifier of the real images, fitted at the first evaluation of a labelled image set
+        (None for points, or images without labels)."""
+        data = self.data
+        if not data.is_image or data.n_classes < 2 or (data.y_train < 0).any():
+            return None
+        if self._judge is None:
+            self._judge = ClassJudge(data.x_train, data.y_train, data.x_test, data.y_test, data.n_classes, seed=self.seed)
+        return self._judge
 
     def samples_picture(self, path: Path, title: str = "") -> Path:
         """Samples of a fixed noise (the same at every call): an image grid, or a scatter over the real points."""

@@ -49,3 +49,75 @@ def confusion_matrix(pred: np.ndarray, labels: np.ndarray, n_classes: int) -> np
     m = np.zeros((n_classes, n_classes), dtype=np.int64)
     np.add.at(m, (labels, pred), 1)
     return m
+
+
+class ClassJudge:
+    """The quality of generated images of a labelled set, judged by a classifier of the real ones.
+
+    Fitted once on the training split (scikit-learn's MLP, one hidden layer of `hidden` ReLUs,
+    in FP32, seeded), outside the run's nets and precision. On a batch of generated images it gives
+      class_confidence  the mean of the judge's top class probability: how much each sample looks
+                        like some class of the real set (real test images: `real["class_confidence"]`);
+      classes_covered   the classes that take at least `min_share` of an even share of the samples'
+                        predicted classes (as `mode_coverage` counts modes): collapse onto a few
+                        classes lowers it;
+      judge_fd          the Frechet distance between the judge's hidden features of the samples and
+                        of the real test images (as FID, in a feature space fitted on this set:
+                        no network weights are downloaded); the train split against the test split
+                        gives its floor, `real["judge_fd"]`.
+    """
+
+    def __init__(self, x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
+                 n_classes: int, seed: int = 0, hidden: int = 64, min_share: float = 0.2):
+        import warnings
+
+        from sklearn.exceptions import ConvergenceWarning
+        from sklearn.neural_network import MLPClassifier
+
+        self.n_classes, self.min_share = n_classes, min_share
+        self.model = MLPClassifier(hidden_layer_sizes=(hidden,), max_iter=300, random_state=seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            self.model.fit(_flat(x_train), y_train)
+        self.test_features = self.features(x_test)
+        self.test_stats = _gaussian(self.test_features)
+        self.accuracy = float((self.model.predict(_flat(x_test)) == y_test).mean())
+        self.real = {"class_confidence": float(self.model.predict_proba(_flat(x_test)).max(axis=1).mean()),
+                     "judge_fd": frechet_distance(_gaussian(self.features(x_train)), self.test_stats)}
+
+    def features(self, x: np.ndarray) -> np.ndarray:
+        """The judge's hidden layer: ReLU(x W + b)."""
+        return np.maximum(_flat(x) @ self.model.coefs_[0] + self.model.intercepts_[0], 0.0)
+
+    def __call__(self, samples: np.ndarray) -> dict[str, float]:
+        probs = self.model.predict_proba(_flat(samples))
+        counts = np.bincount(probs.argmax(axis=1), minlength=self.n_classes)
+        covered = int((counts >= self.min_share * len(samples) / self.n_classes).sum())
+        return {"class_confidence": float(probs.max(axis=1).mean()), "classes_covered": float(covered),
+                "classes_total": float(self.n_classes),
+                "judge_fd": frechet_distance(_gaussian(self.features(samples)), self.test_stats)}
+
+
+def _flat(x: np.ndarray) -> np.ndarray:
+    return x.reshape(len(x), -1).astype(np.float64)
+
+
+def _gaussian(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return features.mean(axis=0), np.cov(features, rowvar=False)
+
+
+def frechet_distance(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray], eps: float = 1e-6) -> float:
+    """Frechet distance of two Gaussians (mean, covariance): |m1 - m2|^2 + tr(S1 + S2 - 2 (S1 S2)^(1/2)).
+    `eps` on the diagonals keeps the product's square root defined when a feature never fires
+    (a ReLU unit dead on every sample has zero variance)."""
+    import warnings
+
+    from scipy import linalg
+
+    (m1, s1), (m2, s2) = a, b
+    offset = eps * np.eye(len(s1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", linalg.LinAlgWarning)
+        root = linalg.sqrtm((s1 + offset) @ (s2 + offset))
+    root = root.real if np.iscomplexobj(root) else root
+    return float(max(0.0, np.sum((m1 - m2) ** 2) + np.trace(s1 + s2 - 2.0 * root)))

@@ -1,0 +1,52 @@
+"""The image GAN's quality measure: a classifier of the real digits judges generated ones
+(ampgan.tasks.metrics.ClassJudge; docs/metrics.md)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from ampgan.data.digits import load_digits_dataset
+from ampgan.tasks.metrics import ClassJudge, frechet_distance
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_digits_dataset(OmegaConf.create({"name": "digits", "image_size": 8, "test_fraction": 0.2, "seed": 0}))
+
+
+@pytest.fixture(scope="module")
+def judge(digits):
+    return ClassJudge(digits.x_train, digits.y_train, digits.x_test, digits.y_test, digits.n_classes, seed=0)
+
+
+def test_the_frechet_distance_of_two_gaussians():
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((500, 4))
+    cov = np.cov(a, rowvar=False)
+    assert frechet_distance((a.mean(0), cov), (a.mean(0), cov)) == pytest.approx(0.0, abs=1e-5)
+    shift = np.array([1.0, 2.0, 0.0, 0.0])
+    assert frechet_distance((a.mean(0), cov), (a.mean(0) + shift, cov)) == pytest.approx(5.0, abs=1e-4)
+    # scaled covariance: tr(S + 4S - 2*2S) = tr(S)
+    assert frechet_distance((np.zeros(4), cov), (np.zeros(4), 4 * cov)) == pytest.approx(np.trace(cov), rel=1e-4)
+
+
+def test_the_judge_knows_the_real_digits_and_finds_real_test_images_closest(judge, digits):
+    assert judge.accuracy >= 0.9
+    real = judge(digits.x_test)
+    assert real["classes_covered"] == 10 and real["judge_fd"] == pytest.approx(0.0, abs=1e-3)
+    assert real["class_confidence"] == pytest.approx(judge.real["class_confidence"])
+    assert judge(digits.x_train)["judge_fd"] == pytest.approx(judge.real["judge_fd"])   # the floor: train vs test
+
+
+def test_collapse_noise_and_blur_each_score_worse_than_real_digits(judge, digits):
+    rng = np.random.default_rng(1)
+    floor = judge.real["judge_fd"]
+    threes = judge(digits.x_test[digits.y_test == 3])
+    assert threes["classes_covered"] <= 2 and threes["judge_fd"] > 20 * floor          # collapse onto one digit
+    noise = judge(rng.uniform(-1, 1, digits.x_test.shape).astype(np.float32))
+    assert noise["class_confidence"] < judge.real["class_confidence"] - 0.2 and noise["judge_fd"] > threes["judge_fd"]
+    blurred = [judge(np.clip(digits.x_test + rng.normal(0, s, digits.x_test.shape), -1, 1))["judge_fd"]
+               for s in (0.1, 0.3, 0.6)]
+    assert 0 < blurred[0] < blurred[1] < blurred[2] < noise["judge_fd"]   # worse as the test images degrade
