@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 export GLOG_v ?= 3
 
 .DEFAULT_GOAL := help
-.PHONY: help install browser services train test test-full bench study ui clean lock cluster cluster-stop server server-stop
+.PHONY: help install browser services train test test-full bench bench-full bench-compare study ui clean lock cluster cluster-stop server server-stop
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -48,8 +48,14 @@ test: install browser services  ## the fast test suite
 test-full: install browser services  ## every test, the slow quality runs and sweeps included
 	$(PY) -m pytest -q -n 2 --dist loadfile $(ARGS)
 
-bench: install  ## benchmark ampgan against a bare MindSpore loop (outputs/bench/)
+bench: install  ## benchmark ampgan against a bare MindSpore loop, the headline figures (outputs/bench/; resumes if stopped)
 	$(PY) -m experiments.bench $(ARGS)
+
+bench-full: install  ## every bench section, the long memory run and more rounds (resumes if stopped)
+	$(PY) -m experiments.bench --full $(ARGS)
+
+bench-compare: install  ## the last bench table beside the committed one (docs/bench/bench.json)
+	$(PY) -m experiments.bench --compare $(ARGS)
 
 STUDIES := wgan_amp collapse underflow classifier_nan clip_threshold lr_sensitivity
 study: install  ## run a case study: make study NAME=wgan_amp (ARGS=--full: full length; experiments/README.md)

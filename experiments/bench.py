@@ -90,7 +90,10 @@ TARGET_STARTUP_S = 5.0      # command to first finished step, cold
 TARGET_BEYOND_FLOOR_S = 0.5  # ampgan's command to first finished step beyond bare MindSpore's, cold and warm
 TARGET_JOB_OVERHEAD_S = 1.5  # seconds a job of a serial sweep adds beyond its steps
 
-HEADLINE_ROUNDS = 4.0  # the headline pairs: 4x the --repeats rounds (20 by default), of half-length blocks
+HEADLINE_ROUNDS = 4.0  # the headline pairs: 4x the --repeats rounds, of half-length blocks
+DEFAULT_REPEATS = 3    # `make bench`: the headline figures in about 15 minutes on 2 cores
+FULL_REPEATS = 5       # `make bench-full`
+COMMITTED = Path(__file__).resolve().parent.parent / "docs" / "bench" / "bench.json"   # the table --compare reads
 
 # ampgan vs bare, one comparison per model: (name, overrides, block length relative to the MLP
 # WGAN-GP's headline block), so that a block takes about the same wall time for each model. On 2
@@ -316,11 +319,13 @@ class Comparison:
     iterations: int                        # per timed block
     target: float | None = None            # max ratio over the baseline, where there is one
     rounds: float = 1.0                    # x the --repeats rounds (the headline figures get more)
+    full_only: bool = False                # measured by `--full` (or named by --only), not by the default bench
     times: dict[str, list[float]] = field(default_factory=dict)
     host: dict[str, list[float]] = field(default_factory=dict)   # per round: seconds per iteration outside the steps
 
-    def measure(self, repeats: int) -> None:
-        """Build and warm every variant, then time one block of each per round, the order flipped each round."""
+    def measure(self, repeats: int, echo: Callable[[str], None] | None = None) -> None:
+        """Build and warm every variant, then time one block of each per round, the order flipped each round;
+        `echo` gets a progress line after each round (its number and the time left at the pace so far)."""
         rounds = max(3, round(repeats * self.rounds))
         runners = {label: make() for label, make in self.variants.items()}
         for runner in runners.values():
@@ -329,6 +334,7 @@ class Comparison:
         self.host = {label: [] for label in runners if hasattr(runners[label], "clock")}
         labels = list(runners)
         host_every = max(1, rounds // HOST_ROUNDS)
+        began = time.perf_counter()
         for r in range(rounds):
             for label in labels if r % 2 == 0 else labels[::-1]:
                 runner = runners[label]
@@ -341,6 +347,9 @@ class Comparison:
                     runner.clock.synced = True
                     self.host[label].append(_timed_block(runner, self.host_iterations)[1])
                     runner.clock.synced = False
+            if echo is not None:
+                pace = (time.perf_counter() - began) / (r + 1)
+                echo(f"round {r + 1} of {rounds}, about {pace * (rounds - r - 1):.0f} s left")
         for runner in runners.values():
             runner.close()
 
@@ -410,10 +419,11 @@ def _comparisons(store: str, device: str, quick: bool):
                       for name in ("none", "static", "dynamic", "underflow_aware", "fixed_clip")}, "none", it)
     yield Comparison("AMP level (WGAN-GP, dynamic scaler, no tracking)",
                      {lvl: (lambda v=lvl: amp(GAN + [f"amp={v}", "scaler=dynamic", "tracking=none"])) for lvl in ("o0", "o2", "o3")},
-                     "o0", it)
+                     "o0", it, full_only=True)
     yield Comparison("jit vs PYNATIVE (classifier on digits, O0; WGAN-GP refuses PYNATIVE)",
                      {"jit": lambda: amp(CLASSIFIER + ["tracking=none"]),
-                      "pynative": lambda: amp(CLASSIFIER + ["tracking=none", "hardware.jit=false"])}, "jit", 4 * it)
+                      "pynative": lambda: amp(CLASSIFIER + ["tracking=none", "hardware.jit=false"])}, "jit", 4 * it,
+                     full_only=True)
     scale_it = max(2, it // 2)
     for label, key in (("batch size", "trainer.batch_size"), ("model width", "model.hidden")):
         for value in (64, 128, 256, 512):
@@ -421,7 +431,7 @@ def _comparisons(store: str, device: str, quick: bool):
             yield Comparison(f"scaling: {label} {value} (WGAN-GP O0 dynamic)",
                              {"bare": lambda e=extra: BareRunner(e, device),
                               "ampgan": lambda e=extra: amp(e + LIKE_BARE)},
-                             "bare", scale_it, rounds=0.6)
+                             "bare", scale_it, rounds=0.6, full_only=True)
 
 
 DIAGNOSED = (("WGAN-GP", GAN), ("transformer, ViT on digits", TRANSFORMER))
@@ -560,9 +570,10 @@ def rss_over_run(store: str, device: str, steps: int) -> dict:
             "verdict": "met" if growth < TARGET_MEMORY_GROWTH_PCT else "not met", "samples": samples}
 
 
-def memory(store: str, device: str, quick: bool, steps: int) -> dict:
-    """The default run's peak RSS (200 steps in --quick) and RSS over `steps` in-process iterations (0: skipped)."""
-    out = {"default_run": default_run_peak_rss(device, 200 if quick else None)}
+def memory(store: str, device: str, quick: bool, steps: int, full: bool = False) -> dict:
+    """The default run's peak RSS (its 3000 steps with --full, 1000 by default, 200 in --quick) and RSS over
+    `steps` in-process iterations (0: skipped)."""
+    out = {"default_run": default_run_peak_rss(device, 200 if quick else None if full else 1000)}
     if steps > 0:
         out["long_run"] = rss_over_run(store, device, steps)
     return out
@@ -845,22 +856,33 @@ def figures(rows: list[dict], start: list[dict], mem: dict, sweep: dict | None =
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="CPU", choices=["CPU", "GPU", "Ascend"])
-    parser.add_argument("--repeats", type=int, default=5,
-                        help=f"rounds per comparison (the headline pairs: {HEADLINE_ROUNDS:g}x as many, of half-length blocks)")
+    parser.add_argument("--full", action="store_true",
+                        help="every section (AMP levels, jit vs PYNATIVE, scaling, data parallel), the long memory "
+                             f"run and {FULL_REPEATS} repeats: `make bench-full`")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help=f"rounds per comparison (default {DEFAULT_REPEATS}, --full {FULL_REPEATS}; the headline "
+                             f"pairs: {HEADLINE_ROUNDS:g}x as many, of half-length blocks)")
     parser.add_argument("--quick", action="store_true",
                         help="3 repeats, half-size blocks, a 200-step default run and a 300-step memory run")
     parser.add_argument("--only", default="",
                         help="run only the comparisons whose name contains one of these comma-separated texts "
-                             "('diagnose', 'memory', 'sweep' select those parts)")
+                             "('diagnose', 'memory', 'sweep', 'data parallel' select those parts)")
     parser.add_argument("--no-startup", action="store_true", help="skip the start-up and sweep-overhead measurements")
     parser.add_argument("--startup-rounds", type=int, default=None,
                         help=f"paired start-up rounds, cold and then warm (default {STARTUP_ROUNDS}; --quick: 2); "
                              "each pair takes two commands' start, ~10-20 s on 2 CPU cores")
     parser.add_argument("--memory-steps", type=int, default=None,
-                        help="iterations of the long in-process memory run (default 20000, ~30 min on 2 CPU cores; "
-                             "--quick: 300; 0: skip it)")
+                        help="iterations of the long in-process memory run (--full: 20000, ~15 min on 2 CPU cores; "
+                             "--quick: 300; default 0: skipped)")
+    parser.add_argument("--restart", action="store_true",
+                        help="start over, even where an unfinished bench of the same arguments left finished sections")
+    parser.add_argument("--compare", nargs="?", const=str(COMMITTED), default=None, metavar="BENCH_JSON",
+                        help=f"print the last table (outputs/bench/bench.json) beside an earlier one (default: "
+                             f"{COMMITTED.relative_to(COMMITTED.parents[1])}) and run nothing")
     args = parser.parse_args(argv)
-    repeats = 3 if args.quick else args.repeats
+    if args.compare is not None:
+        return _compare(Path(args.compare))
+    repeats = 3 if args.quick else args.repeats or (FULL_REPEATS if args.full else DEFAULT_REPEATS)
     if args.startup_rounds is not None and args.startup_rounds < 1:
         return report_error(f"--startup-rounds {args.startup_rounds}: give 1 or more")
     if args.startup_rounds is not None and args.no_startup:
@@ -869,7 +891,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.memory_steps and args.only and "memory" not in args.only.lower():
         return report_error(f"--memory-steps {args.memory_steps} with --only {args.only}: the memory part is skipped; "
                             "add 'memory' to --only, or drop --memory-steps")
-    memory_steps = args.memory_steps if args.memory_steps is not None else (300 if args.quick else 20000)
+    memory_steps = args.memory_steps if args.memory_steps is not None else (
+        300 if args.quick else 20000 if args.full else 0)
     try:
         hardware.check_device(args.device)
     except Exception as err:  # noqa: BLE001
@@ -884,65 +907,114 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _compare(earlier: Path) -> int:
+    from experiments.bench_ledger import compare
+
+    latest = outputs_dir() / "bench" / "bench.json"
+    for path, what in ((latest, "no bench table yet: run `make bench` first"),
+                       (earlier, "no earlier bench table there (give its bench.json)")):
+        if not path.is_file():
+            return report_error(f"--compare: {path}: {what}")
+    try:
+        new, old = json.loads(latest.read_text()), json.loads(earlier.read_text())
+    except ValueError as err:
+        return report_error(f"--compare: a bench table is not JSON: {err}")
+    print(compare(new, old, str(earlier)))
+    return 0
+
+
+def sections(args: argparse.Namespace, repeats: int, memory_steps: int, store: str, scratch: Path) -> list:
+    """The bench's sections, in order, for these arguments (experiments/bench_ledger.py runs them)."""
+    from experiments.bench_ledger import Section
+
+    only = args.only.lower()
+    out = []
+    if not only or "memory" in only:  # first: the long run's RSS starts from a process that has built nothing else
+        out.append(Section("memory", lambda: {"memory": memory(store, args.device, args.quick, memory_steps, args.full)}))
+    for comp in comparisons(store, args.device, args.quick, args.only):
+        if comp.full_only and not (args.full or only):
+            continue
+
+        def measure(c=comp) -> dict:
+            c.measure(repeats, echo=lambda text: print(f"    {text}", flush=True))
+            return {"rows": c.rows()}
+
+        out.append(Section(comp.name, measure))
+    if args.full and not only or "data parallel" in only:
+        from experiments import bench_parallel
+
+        out.append(Section("data parallel: 1 vs 2 workers", lambda: {"rows": bench_parallel.rows(scratch, args.quick, repeats)}))
+    if not only or "diagnose" in only:
+        out.append(Section("diagnose replay vs training",
+                           lambda: {"rows": diagnose_cost(store, args.device, args.quick, repeats)}))
+    if not args.no_startup:
+        rounds = args.startup_rounds or (2 if args.quick else STARTUP_ROUNDS)
+        out.append(Section("start-up", lambda: {"startup": startup(scratch, args.device, rounds)}))
+    if not args.no_startup or "sweep" in only:
+        out.append(Section(f"per-job overhead: a serial {len(SWEEP_CLIP_NORMS)}-job clip sweep",
+                           lambda: {"sweep": sweep_overhead(scratch, args.device, args.quick)}))
+    return out
+
+
+def gather(done: dict) -> tuple[list[dict], list[dict], dict, dict]:
+    """(rows, start-up, memory, sweep) from the finished sections' records; each row carries its
+    section's commit, date and machine."""
+    rows, start, mem, sweep = [], [], {}, {}
+    for record in done.values():
+        where = {"commit": record["commit"], "date": record["finished"], "machine": record["machine"]}
+        result = record["result"]
+        rows += [{**r, **where} for r in result.get("rows", [])]
+        start += result.get("startup", [])
+        mem = result.get("memory", mem)
+        sweep = result.get("sweep", sweep)
+    return rows, start, mem, sweep
+
+
 def _bench(args: argparse.Namespace, repeats: int, memory_steps: int, scratch: Path) -> None:
-    """Every part `args` asks for, in `scratch` (removed by the caller); the results in outputs/bench."""
+    """Every section `args` asks for, in `scratch` (removed by the caller); each section's results in
+    outputs/bench as it ends (a stopped bench resumes: experiments/bench_ledger.py)."""
+    import mindspore as ms
+
+    from experiments.bench_ledger import LEDGER, commit, machine, run_sections
+
     out = outputs_dir() / "bench"
     out.mkdir(parents=True, exist_ok=True)
     store = f"sqlite:///{scratch / 'variants.db'}"
     MlflowTracker(store, "ampgan")
     os.chdir(scratch)  # MindSpore's scratch files
-    started = time.perf_counter()
-
-    def stage(text: str) -> None:
-        print(f"[{time.perf_counter() - started:5.0f}s] {text}", flush=True)
-
-    only = args.only.lower()
-    mem = {}
-    if not only or "memory" in only:  # first: the long run's RSS starts from a process that has built nothing else
-        stage(f"memory: the default run, then {memory_steps} iterations in process")
-        mem = memory(store, args.device, args.quick, memory_steps)
-    rows = []
-    for comp in comparisons(store, args.device, args.quick, args.only):
-        stage(f"{comp.name}: {', '.join(comp.variants)}")
-        comp.measure(repeats)
-        rows += comp.rows()
-    if not only or "data parallel" in only:
-        stage("data parallel: 1 vs 2 workers, the all-reduce's share")
-        from experiments import bench_parallel
-
-        rows += bench_parallel.rows(scratch, args.quick, repeats)
-    if not only or "diagnose" in only:
-        stage("diagnose replay vs training")
-        rows += diagnose_cost(store, args.device, args.quick, repeats)
-    start = []
-    if not args.no_startup:
-        stage("start-up")
-        start = startup(scratch, args.device, args.startup_rounds or (2 if args.quick else STARTUP_ROUNDS))
-    sweep = {}
-    if not args.no_startup or "sweep" in only:
-        stage(f"per-job overhead: a serial {len(SWEEP_CLIP_NORMS)}-job clip sweep")
-        sweep = sweep_overhead(scratch, args.device, args.quick)
-    import mindspore as ms
-
+    plan = {"device": args.device, "full": args.full, "quick": args.quick, "repeats": repeats, "only": args.only,
+            "no_startup": args.no_startup, "startup_rounds": args.startup_rounds, "memory_steps": memory_steps}
     meta = {"device": args.device, "cpus": os.cpu_count(), "mindspore": ms.__version__,
-            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M"), "repeats": repeats,
-            "headline_rounds": max(3, round(repeats * HEADLINE_ROUNDS)), "memory_steps": memory_steps,
-            "seconds": time.perf_counter() - started}
-    (out / "bench.json").write_text(json.dumps({"meta": meta, "comparisons": rows, "startup": start, "memory": mem,
-                                                "sweep": sweep}, indent=2))
-    report = markdown(rows, start, mem, meta, sweep)
-    (out / "bench.md").write_text(report)
-    print(report)
+            "python": platform.python_version(), "repeats": repeats, "full": args.full,
+            "headline_rounds": max(3, round(repeats * HEADLINE_ROUNDS)), "memory_steps": memory_steps}
 
+    def publish(done: dict, pending: list[str]) -> None:
+        rows, start, mem, sweep = gather(done)
+        last = max(done.values(), key=lambda r: r["finished"])
+        meta.update(date=last["finished"][:16], commit=commit(), machine=machine(),
+                    seconds=sum(r["seconds"] for r in done.values()), pending=pending)
+        (out / "bench.json").write_text(json.dumps({"meta": meta, "comparisons": rows, "startup": start, "memory": mem,
+                                                    "sweep": sweep, "sections": {k: {x: v for x, v in r.items() if x != "result"}
+                                                                                 for k, r in done.items()}}, indent=2))
+        report = markdown(rows, start, mem, meta, sweep)
+        if pending:
+            report += "\nNot measured yet (the bench was stopped, or is still running): " + "; ".join(pending) + "\n"
+        (out / "bench.md").write_text(report)
+
+    done = run_sections(sections(args, repeats, memory_steps, store, scratch), out / LEDGER, plan, publish,
+                        restart=args.restart)
+    rows, start, mem, sweep = gather(done)
+    print((out / "bench.md").read_text())
     tracker = MlflowTracker(f"sqlite:///{outputs_dir() / 'mlflow.db'}", "ampgan-bench")
-    with tracked_run(tracker, f"bench-{args.device.lower()}", meta, {"device": args.device}):
+    with tracked_run(tracker, f"bench-{args.device.lower()}", {k: v for k, v in meta.items() if k != "pending"},
+                     {"device": args.device}):
         tracker.log_metrics(figures(rows, start, mem, sweep), 0)
         tracker.log_artifact(out / "bench.md")
         tracker.log_artifact(out / "bench.json")
     verdicts = ([r["verdict"] for r in rows + start if "verdict" in r] + [r["host_verdict"] for r in rows if "host_verdict" in r]
                 + ([sweep["verdict"]] if sweep else [])
                 + ([mem["long_run"]["verdict"]] if "long_run" in mem else []))
-    print(f"done in {meta['seconds']:.0f}s; targets: {verdicts.count('met')} met, {verdicts.count('not met')} not met, "
+    print(f"done in {meta['seconds'] / 60:.1f} min; targets: {verdicts.count('met')} met, {verdicts.count('not met')} not met, "
           f"{verdicts.count('unresolved')} unresolved; written to {out}")
 
 

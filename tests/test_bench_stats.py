@@ -5,6 +5,7 @@ Nothing here builds or runs a net.
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -216,6 +217,11 @@ def test_a_bench_part_reports_and_leaves_no_scratch_behind(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     assert main(["--only", "calibration", "--quick", "--no-startup", "--memory-steps", "0"]) == 0
     report = (tmp_path / "outputs" / "bench" / "bench.md").read_text()
-    assert "calibration: one loop against its twin" in report
+    assert "calibration: one loop against its twin" in report and "Not measured yet" not in report
+    table = json.loads((tmp_path / "outputs" / "bench" / "bench.json").read_text())
+    assert table["meta"]["pending"] == [] and len(table["comparisons"]) == 2
+    assert all(r["commit"] and r["date"] and r["machine"]["cores"] for r in table["comparisons"])
+    ledger = json.loads((tmp_path / "outputs" / "bench" / "sections.json").read_text())
+    assert ledger["complete"] and list(ledger["sections"]) == [table["comparisons"][0]["comparison"]]
     assert list(scratch.iterdir()) == []
     assert Path.cwd() == tmp_path   # the bench worked in its scratch folder and came back

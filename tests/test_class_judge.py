@@ -50,3 +50,21 @@ def test_collapse_noise_and_blur_each_score_worse_than_real_digits(judge, digits
     blurred = [judge(np.clip(digits.x_test + rng.normal(0, s, digits.x_test.shape), -1, 1))["judge_fd"]
                for s in (0.1, 0.3, 0.6)]
     assert 0 < blurred[0] < blurred[1] < blurred[2] < noise["judge_fd"]   # worse as the test images degrade
+
+
+def test_a_gan_run_on_digits_logs_the_judges_figures_and_one_on_points_does_not(outputs, tmp_path):
+    from ampgan.training.entry import train
+    from tests.conftest import all_runs, compose_cfg
+
+    small = ["trainer=smoke", "trainer.max_steps=2", "trainer.eval_every=1", "model.hidden=4", "model.z_dim=4"]
+    train(compose_cfg("model=wgan_gp", "data=digits", "data.image_size=8", *small), run_dir=tmp_path / "digits")
+    train(compose_cfg("model=wgan_gp", "data=gaussians8", *small), run_dir=tmp_path / "points")
+    client, runs = all_runs(outputs)
+    by_data = {r.data.tags["data"]: r for r in runs}
+    digits_run = by_data["digits"]
+    history = client.get_metric_history(digits_run.info.run_id, "eval/judge_fd")
+    assert [m.step for m in history] == [1, 2] and all(m.value > 0 for m in history)
+    metrics = digits_run.data.metrics
+    assert metrics["eval/classes_total"] == 10 and 0 <= metrics["eval/classes_covered"] <= 10
+    assert 0.1 <= metrics["eval/class_confidence"] <= 1 and metrics["eval/judge_accuracy"] >= 0.9
+    assert not any(k.startswith(("eval/judge", "eval/class")) for k in by_data["gaussians8"].data.metrics)

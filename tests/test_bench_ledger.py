@@ -1,0 +1,140 @@
+"""The bench's sections: written as each ends, resumed after a stop, compared with an earlier table
+(experiments/bench_ledger.py). Tiny sections of plain Python stand in for the timed ones: what is
+tested is the bookkeeping, not a timing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from experiments.bench_ledger import Section, compare, load, run_sections
+
+
+class Stopped(Exception):
+    """The bench stopped mid-section (a kill, Ctrl-C)."""
+
+
+def _sections(calls: list[str], stop_at: str | None = None) -> list[Section]:
+    def part(name: str, value: float):
+        def measure() -> dict:
+            calls.append(name)
+            if name == stop_at:
+                raise Stopped(name)
+            return {"rows": [{"comparison": name, "variant": "b", "baseline": "a", "ratio": value,
+                              "ci_low": value - 0.01, "ci_high": value + 0.01}]}
+        return Section(name, measure)
+
+    return [part("first", 1.01), part("second", 1.02), part("third", 1.03)]
+
+
+PLAN = {"repeats": 3, "only": ""}
+
+
+def test_a_stopped_bench_keeps_each_finished_section_and_resumes_at_the_first_unfinished(tmp_path):
+    ledger, published, calls = tmp_path / "sections.json", [], []
+    with pytest.raises(Stopped):
+        run_sections(_sections(calls, stop_at="second"), ledger, PLAN, lambda d, p: published.append((list(d), p)))
+    assert calls == ["first", "second"]
+    assert published == [(["first"], ["second", "third"])]   # the finished section was published before the stop
+    kept = load(ledger)
+    assert list(kept["sections"]) == ["first"] and not kept["complete"]
+    record = kept["sections"]["first"]
+    assert record["result"]["rows"][0]["ratio"] == 1.01 and record["commit"] and record["finished"]
+    assert {"cores", "cpu", "load_before"} <= set(record["machine"])
+
+    said, calls = [], []
+    done = run_sections(_sections(calls), ledger, PLAN, lambda d, p: published.append((list(d), p)), echo=said.append)
+    assert calls == ["second", "third"]                      # the first is not measured again
+    assert list(done) == ["first", "second", "third"] and load(ledger)["complete"]
+    assert published[-1] == (["first", "second", "third"], [])
+    assert said[0].startswith("bench: resuming: 1 of 3 sections already measured")
+    assert any(line.startswith("[2/3] second (") for line in said)
+
+
+def test_a_finished_bench_a_restart_or_other_arguments_start_over(tmp_path):
+    ledger, calls = tmp_path / "sections.json", []
+    run_sections(_sections(calls), ledger, PLAN, lambda d, p: None)
+    calls.clear()
+    run_sections(_sections(calls), ledger, PLAN, lambda d, p: None)            # complete: a new bench
+    assert calls == ["first", "second", "third"]
+
+    calls.clear()
+    with pytest.raises(Stopped):
+        run_sections(_sections(calls, stop_at="third"), ledger, PLAN, lambda d, p: None)
+    calls.clear()
+    run_sections(_sections(calls), ledger, PLAN, lambda d, p: None, restart=True)
+    assert calls == ["first", "second", "third"]
+
+    calls.clear()
+    with pytest.raises(Stopped):
+        run_sections(_sections(calls, stop_at="third"), ledger, PLAN, lambda d, p: None)
+    calls.clear()
+    said = []
+    run_sections(_sections(calls), ledger, {**PLAN, "repeats": 5}, lambda d, p: None, echo=said.append)
+    assert calls == ["first", "second", "third"] and said[0].endswith("ran other arguments: starting over")
+
+
+def test_the_progress_line_says_how_long_the_remaining_sections_took_the_last_time(tmp_path):
+    ledger, said = tmp_path / "sections.json", []
+    run_sections(_sections([]), ledger, PLAN, lambda d, p: None, echo=said.append)
+    assert said[0].startswith("[1/3] first (this and the 2 after it took unknown the last time)")
+    said.clear()
+    run_sections(_sections([]), ledger, PLAN, lambda d, p: None, echo=said.append)
+    assert said[0].startswith("[1/3] first (this and the 2 after it took ") and "unknown" not in said[0]
+
+
+def _table(ratios: dict[str, tuple[float, float, float]], date: str) -> dict:
+    return {"meta": {"date": date, "commit": "abc"},
+            "comparisons": [{"comparison": c, "variant": "ampgan", "baseline": "bare", "ratio": r, "ci_low": lo,
+                             "ci_high": hi} for c, (r, lo, hi) in ratios.items()],
+            "startup": [{"phase": "ampgan beyond the floor", "cold": 0.4, "cold_ci": [0.3, 0.5], "warm": 0.2,
+                         "warm_ci": [0.15, 0.25]}]}
+
+
+def test_the_comparison_gives_each_ratios_change_and_whether_its_interval_moved():
+    old = _table({"gan": (1.00, 0.99, 1.01), "lm": (1.03, 1.02, 1.04), "gone": (1.0, 1.0, 1.0)}, "2026-12-01")
+    new = _table({"gan": (1.05, 1.04, 1.06), "lm": (1.025, 1.015, 1.035), "added": (1.0, 1.0, 1.0)}, "2026-12-05")
+    text = compare(new, old, "docs/bench/bench.json")
+    lines = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    assert "| 1.050 [1.040-1.060] | 1.000 [0.990-1.010] | +0.050 | up: intervals apart |" in lines["gan"]
+    assert "| -0.005 | no: intervals overlap |" in lines["lm"]
+    assert "Only in this table: added / ampgan" in text and "Only in docs/bench/bench.json: gone / ampgan" in text
+    assert "| start-up (cold) | ampgan beyond the floor | 0.40 s | 0.40 s | +0.00 s | no: intervals overlap |" in text
+
+
+def _args(**kw) -> argparse.Namespace:
+    base = dict(device="CPU", full=False, quick=False, only="", no_startup=False, startup_rounds=None)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_the_default_bench_measures_the_headline_sections_and_full_adds_the_rest(tmp_path):
+    from experiments.bench import sections
+
+    default = [s.name for s in sections(_args(), 3, 0, "sqlite://", tmp_path)]
+    full = [s.name for s in sections(_args(full=True), 5, 20000, "sqlite://", tmp_path)]
+    for headline in ("ampgan vs bare MindSpore (WGAN-GP", "ampgan vs bare MindSpore: language model", "gradient health",
+                     "activation headroom (", "tracking to MLflow", "loss-scale strategy", "diagnose replay", "start-up",
+                     "per-job overhead"):
+        assert any(n.startswith(headline) for n in default), headline
+    extra = set(full) - set(default)
+    assert any(n.startswith("jit vs PYNATIVE") for n in extra) and any(n.startswith("scaling:") for n in extra)
+    assert any(n.startswith("data parallel") for n in extra) and any(n.startswith("AMP level") for n in extra)
+    assert default == [n for n in full if n in default]   # the same order
+    only = [s.name for s in sections(_args(only="jit vs", no_startup=True), 3, 0, "sqlite://", tmp_path)]
+    assert len(only) == 1 and only[0].startswith("jit vs PYNATIVE")   # named by --only: measured
+
+
+def test_compare_reads_the_last_table_and_an_earlier_one_and_refuses_a_missing_one(tmp_path, monkeypatch, capsys):
+    from experiments.bench import main
+
+    monkeypatch.setenv("AMPGAN_OUTPUTS", str(tmp_path / "outputs"))
+    assert main(["--compare", str(tmp_path / "old.json")]) == 2
+    assert capsys.readouterr().err.startswith("ampgan: error: --compare: ")
+    (tmp_path / "outputs" / "bench").mkdir(parents=True)
+    (tmp_path / "outputs" / "bench" / "bench.json").write_text(json.dumps(_table({"gan": (1.01, 1.0, 1.02)}, "now")))
+    (tmp_path / "old.json").write_text(json.dumps(_table({"gan": (1.01, 1.0, 1.02)}, "then")))
+    assert main(["--compare", str(tmp_path / "old.json")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# bench: this table (now, commit abc) against ") and "| +0.000 | no: intervals overlap |" in out
