@@ -312,13 +312,15 @@ def callback(experiment: str | None = None, tracking_uri: str | None = None, **s
 def monitor(experiment: str | None = None, tracking_uri: str | None = None, **settings):
     """The callback's twin for a functional `value_and_grad` loop, a context manager:
 
-        with api.monitor(net=net, optimizer=optimizer, amp="O2") as monitor:
+        with api.monitor(net=net, optimizer=optimizer, loss=loss_fn, amp="O2") as monitor:
             for x, y in batches:
                 loss, finite, grads = train_step(x, y)
-                monitor.step(loss, finite, loss_scaler, grads)   # grads optional
+                monitor.step(loss, finite, loss_scaler, grads, batch=(x, y))   # grads, batch optional
 
     The same store, tags and metrics as `api.callback`, read every `log_every` steps (10). The run
-    ends FINISHED when the block ends, FAILED (the error recorded) when it raises."""
+    ends FINISHED when the block ends, FAILED (the error recorded) when it raises. With `net`,
+    `optimizer` and each step's `batch`, its flight recorder saves the state before the first
+    non-finite loss and prints the `api.diagnose(..., start=...)` call (`record=False`: off)."""
     from ampgan.tracking.callback import Monitor
 
     return Monitor(experiment, tracking_uri, **settings)

@@ -122,3 +122,75 @@ def test_a_loss_that_fails_in_fp32_too_is_not_blamed_on_float16(outputs, capsys)
     verdict = api.diagnose(sharpened, data=blobs(), loss=softmax_ce, optimizer=adam, start=callback.recording,
                            overrides=("diagnose.mode=synced",), echo=lambda *a, **k: None)
     assert verdict.name == "not_amp" and verdict.exit_code == 3 and not verdict.fixes
+
+
+# ---------------------------------------------------------------- the monitor's recorder: a functional loop
+def functional_until_it_fails(steps: int = 60, **settings):
+    """The user's functional loop: their net under MindSpore's own O2, their loss and optimizer,
+    ampgan's dynamic loss scaler, `api.monitor` told the net, optimizer and each step's batch."""
+    from mindspore import amp as ms_amp
+
+    ms.set_seed(0)
+    x, y = blobs()
+    net = ms_amp.auto_mixed_precision(sharpened(1, 8, 3), "O2")
+    net.set_train()
+    loss_fn = nn.CrossEntropyLoss()
+    optimizer = adam(net.trainable_params())
+    scaler = api.loss_scaler("dynamic")
+
+    def forward(xb, yb):
+        loss = loss_fn(net(xb), yb)
+        return scaler.scale(loss), loss
+
+    grad_fn = ms.value_and_grad(forward, None, optimizer.parameters, has_aux=True)
+
+    @ms.jit
+    def train_step(xb, yb):
+        (_, loss), grads = grad_fn(xb, yb)
+        grads = scaler.unscale(grads)
+        finite = ms_amp.all_finite(grads)
+        scaler.adjust(finite)
+        if finite:
+            optimizer(grads)
+        return loss, finite
+
+    with api.monitor(log_every=5, net=net, optimizer=optimizer, loss=loss_fn, amp="O2", **settings) as monitor:
+        for i in range(steps):
+            xb, yb = ms.Tensor(x[16 * i:16 * (i + 1)]), ms.Tensor(y[16 * i:16 * (i + 1)])
+            loss, finite = train_step(xb, yb)
+            monitor.step(loss, finite, scaler, batch=(xb, yb))
+    return monitor
+
+
+def test_a_functional_loops_monitor_records_the_state_before_its_first_non_finite_loss(outputs, capsys):
+    monitor = functional_until_it_fails()
+    folder = monitor.recording
+    assert folder is not None and (folder / "state.ckpt").exists()
+    rec = json.loads((folder / "recording.json").read_text())
+    first_bad, kept = rec["first_bad_step"], rec["step"]
+    assert 10 < first_bad < 60 and kept % 5 == 0 and kept < first_bad <= kept + 5
+    assert rec["amp"] == "O2" and rec["scaler"]["name"] == "dynamic" and rec["net"].endswith("AnnealedNet")
+    state = ms.load_checkpoint(str(folder / "state.ckpt"))
+    assert {"scaler/scale_value", "scaler/counter"} <= set(state) and any(k.startswith("optimizer/") for k in state)
+    assert state["net/sharpen.factor"].asnumpy() == pytest.approx(GROWTH ** kept, rel=1e-4)   # as of the kept step
+    line = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("ampgan: step")]
+    assert len(line) == 1 and f'start="{folder}"' in line[0] and "ampgan.api.diagnose(AnnealedNet" in line[0]
+    _, runs = all_runs(outputs)
+    (run,) = runs
+    assert run.data.tags["ampgan.recording"] == str(folder) and run.data.tags["ampgan.first_bad_step"] == str(first_bad)
+
+    verdict = api.diagnose(sharpened, data=blobs(), loss=nn.CrossEntropyLoss(), optimizer=adam, start=folder,
+                           overrides=("diagnose.mode=synced",), echo=lambda *a, **k: None)
+    assert verdict.name == "overflow" and verdict.layer == "sharpen"
+    assert [f.text for f in verdict.fixes] == ["amp=o1 amp.keep_fp32=[sharpen]"]
+
+
+def test_a_monitor_without_batches_or_with_record_off_records_nothing_and_a_missing_batch_is_one_line(outputs, capsys):
+    monitor = functional_until_it_fails(record=False)
+    assert monitor.recording is None and "ampgan: step" not in capsys.readouterr().err
+    with pytest.raises(AmpganError) as err:
+        with api.monitor(net=nn.Dense(2, 2), optimizer=adam(nn.Dense(2, 2).trainable_params())) as mon:
+            scaler = api.loss_scaler("static")
+            mon.step(ms.Tensor(1.0), ms.Tensor(True), scaler, batch=(ms.Tensor(np.ones((2, 2), np.float32)),))
+            mon.step(ms.Tensor(1.0), ms.Tensor(True), scaler)
+    assert "was given at step 1 but not at step 2" in str(err.value) and "\n" not in str(err.value)

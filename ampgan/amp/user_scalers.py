@@ -157,10 +157,13 @@ def loss_scaler(scaler, *, prefix: str | None = None, **settings) -> UserLossSca
     prefix = _prefix(prefix, "loss_scaler")
     inner = build_scaler(cfg, prefix)
     if cfg.needs_health:
-        return HealthLossScaler(inner, prefix)
-    if inner.needs_norm:
-        return ClippingLossScaler(inner)
-    return UserLossScaler(inner)
+        out = HealthLossScaler(inner, prefix)
+    elif inner.needs_norm:
+        out = ClippingLossScaler(inner)
+    else:
+        out = UserLossScaler(inner)
+    out.settings = cfg   # its name and settings, as a recording names them (api.monitor)
+    return out
 
 
 # ---------------------------------------------------------------- LossScaleManager

@@ -29,6 +29,7 @@ from ampgan import AmpganError
 from ampgan.amp.health import grad_health, no_health
 from ampgan.amp.policy import apply_amp, check_keep_paths, resolve_cell_types
 from ampgan.amp.scalers import build_scaler
+from ampgan.amp.state import training_state
 from ampgan.steps.common import FINITE, SCALE, Step, make_step
 
 LOSSES = ("loss",)
@@ -167,19 +168,9 @@ class UserTrainStep(nn.Cell):
         return out
 
     def state_tensors(self) -> dict[str, ms.Parameter]:
-        """Every state tensor a replay needs, by role and the name the user's code gives it:
-        `net/<name>` (all the net's parameters, BatchNorm's statistics too), `optimizer/<name>`
-        (its moments and step count: what is not a net weight), `scaler/<attribute>` (its scale and
-        counters, not its settings). What `api.callback`'s flight recorder saves."""
-        out = {f"net/{p.name}": p for p in self.backbone.get_parameters()}
-        weights = {id(p) for p in self.backbone.get_parameters()}
-        for _, p in self.optimizer.parameters_and_names():
-            if id(p) not in weights:
-                out[f"optimizer/{p.name}"] = p
-        for attr, value in sorted(vars(self.scaler).items()):
-            if isinstance(value, ms.Parameter) and attr not in self.scaler.hyperparameters:
-                out[f"scaler/{attr}"] = value
-        return out
+        """Every state tensor a replay needs (`ampgan.amp.state.training_state`): what
+        `api.callback`'s flight recorder saves."""
+        return training_state(self.backbone, self.optimizer, self.scaler)
 
     @property
     def float16(self) -> bool:

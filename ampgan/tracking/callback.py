@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ampgan import AmpganError, outputs_dir
+from ampgan.amp.state import training_state
 from ampgan.tracking.recorder import FlightRecorder, describe_cell, diagnose_call, qualname
 from ampgan.tracking.tracker import DIRECTION_TAG, OBJECTIVE_TAG, MlflowTracker
 
@@ -341,11 +342,19 @@ class Monitor:
     given, are measured at log steps: `train/underflow`, `train/zero` (of the gradients as
     they are) and `train/max_abs_grad`, `train/nonfinite`. A non-finite step counts as skipped
     unless the scaler applies non-finite steps (ampgan's `none`, `static`/`fixed_clip` with
-    `skip_nonfinite=false`). Settings: `log_every` (10), `net`, `optimizer`, `amp` (recorded as
-    params and tags when given), `run_name`, `flush_every`.
+    `skip_nonfinite=false`). Settings: `log_every` (10), `net`, `optimizer`, `amp`, `loss` (recorded
+    as params and tags when given), `run_name`, `flush_every`, `record` (True).
+
+    The flight recorder, as the callback's: given `net` and `optimizer`, and each step's `batch`
+    (the step's inputs, `monitor.step(..., batch=(x, y))`), the monitor keeps the state of the net,
+    the optimizer and the scaler (`ampgan.amp.state.training_state`) as of its newest log step
+    whose block of losses was finite, and the batches since. At the first block with a non-finite
+    loss it writes them (`ampgan.tracking.recorder`), tags the run and prints the
+    `ampgan.api.diagnose(..., start=...)` call that replays from there.
     """
 
-    DEFAULTS = {"log_every": 10, "flush_every": 500, "run_name": "", "net": None, "optimizer": None, "amp": None}
+    DEFAULTS = {"log_every": 10, "flush_every": 500, "run_name": "", "net": None, "optimizer": None, "amp": None,
+                "loss": None, "record": True}
 
     def __init__(self, experiment: str | None = None, tracking_uri: str | None = None, **settings):
         self.settings = _settings("api.monitor", settings, self.DEFAULTS)
@@ -355,6 +364,9 @@ class Monitor:
         self.steps = 0
         self._health: dict[str, float] = {}
         self._scaler_logged = False
+        self._scaler = self._scaler_wrapper = None   # the loop's scaler: its state (inner), its settings (wrapper)
+        self._recorder: FlightRecorder | None = None
+        self.recording: Path | None = None   # the flight recording, once the loss went non-finite
 
     @property
     def run_id(self) -> str | None:
@@ -389,13 +401,23 @@ class Monitor:
             params["amp.level"] = tags["amp"] = str(amp).upper()
         return params, tags
 
-    def step(self, loss, finite, scaler, grads=None) -> None:
-        """Record one step: kept on the device, fetched and logged every `log_every` steps (and the first)."""
+    def step(self, loss, finite, scaler, grads=None, batch=None) -> None:
+        """Record one step: kept on the device, fetched and logged every `log_every` steps (and the first).
+        `batch`: the step's inputs, for the flight recorder (every step's, from the first)."""
         if not self.run.open:
             raise AmpganError("api.monitor: monitor.step(...) outside its `with api.monitor(...) as monitor:` block")
         self.steps += 1
         if not self._scaler_logged:
             self._describe_scaler(scaler)
+            self._scaler = getattr(scaler, "inner", scaler)
+            s = self.settings
+            if s["record"] and batch is not None and s["net"] is not None and s["optimizer"] is not None:
+                self._recorder = FlightRecorder()
+        if self._recorder is not None:
+            if batch is None:
+                raise AmpganError(f"api.monitor: monitor.step(..., batch=...) was given at step 1 but not at step "
+                                  f"{self.steps}: the flight recorder needs every step's batch (or record=False)")
+            self._recorder.push(loss, batch if isinstance(batch, (tuple, list)) else (batch,))
         value = getattr(scaler, "scale_value", 1.0)
         scale = value * 1.0 if hasattr(value, "asnumpy") else value   # a copy: the Parameter changes in place
         self.status.push(loss, finite, scale, _applies_nonfinite(scaler))
@@ -406,16 +428,67 @@ class Monitor:
 
     def _describe_scaler(self, scaler) -> None:
         self._scaler_logged = True
+        self._scaler_wrapper = scaler
         inner = getattr(scaler, "inner", None)
         cfg = getattr(inner, "config", None)
         name = getattr(cfg, "name", None) or type(scaler).__name__
         self.run.tracker.set_tags({"scaler": name})
 
     def _drain(self) -> None:
+        self._record()
         metrics = self.status.drain()
         metrics.update(self._health)
         self._health = {}
         self.run.log(metrics, self.steps)
+
+    def _record(self) -> None:
+        """At a block's end: keep the state when every loss since the last keep was finite; at the
+        first block that was not, write the recording, tag the run and print the diagnose call."""
+        rec, s = self._recorder, self.settings
+        if rec is None:
+            return
+        bad = rec.first_bad()
+        if bad is None:
+            rec.keep(training_state(s["net"], s["optimizer"], self._scaler), self.steps)
+            return
+        self._recorder = None   # once per run
+        import sys
+
+        if rec.state is None:   # the first step failed: there is no earlier state than the start
+            self.run.tracker.set_tags({"ampgan.first_bad_step": str(bad)})
+            print(f"ampgan: step {bad}: the loss is not finite at the first step; diagnose from the start: "
+                  f"ampgan.api.diagnose({qualname(s['net']).rsplit('.', 1)[-1]}, ...)", file=sys.stderr, flush=True)
+            return
+        describe = {**self._describe(), "failure": f"train/loss not finite at step {bad}", "run_id": self.run.run_id or ""}
+        folder = rec.write(self.run.folder, bad, describe)
+        self.recording = folder
+        self.run.tracker.set_tags({"ampgan.recording": str(folder), "ampgan.first_bad_step": str(bad)})
+        print(f"ampgan: step {bad}: the loss is not finite; the state after step {rec.step} and the "
+              f"{bad - rec.step} batch{'es' if bad - rec.step != 1 else ''} since are saved in {folder}. Diagnose from "
+              f"there: {diagnose_call(describe, folder)}", file=sys.stderr, flush=True)
+
+    def _describe(self) -> dict:
+        """What a recording names of the loop: classes, AMP level, the scaler's name and settings."""
+        s, params = self.settings, self._params()[0]
+        return {"net": qualname(s["net"]), "loss": qualname(s["loss"]) if s["loss"] is not None else "",
+                "optimizer": qualname(s["optimizer"]), "amp": str(s["amp"] or "O0").upper(), "keep_fp32": [],
+                "scaler": scaler_settings(self._scaler_wrapper), "lr": params.get("model.lr", "")}
+
+
+def scaler_settings(scaler) -> dict:
+    """A loop's scaler as conf/scaler/ names it: ampgan's (`api.loss_scaler`) by its settings;
+    MindSpore's `DynamicLossScaler` as `dynamic` and `StaticLossScaler` as `static`, from the scale
+    they have now (a replay from a recording starts there)."""
+    from dataclasses import asdict
+
+    cfg = getattr(scaler, "settings", None)
+    if cfg is not None:
+        return asdict(cfg)
+    scale = _number(getattr(scaler, "scale_value", 1.0))
+    if hasattr(scaler, "scale_window"):
+        return {"name": "dynamic", "init_scale": scale, "factor": float(scaler.scale_factor),
+                "window": int(scaler.scale_window)}
+    return {"name": "static", "init_scale": scale}
 
 
 def _applies_nonfinite(scaler) -> bool:
