@@ -107,6 +107,11 @@ class Study:
     charts: Callable | None = None    # charts(ctx) -> {name: figure}, besides the seed-spread chart
     setup: str = ""                   # what runs, in prose (the README section's "setup")
     bars: list[Bar] = field(default_factory=list)   # the reference's quality bars (per facet, or for all)
+    headline: dict[str, str] = field(default_factory=dict)  # facet value -> its headline metric (else metrics[0])
+
+    def head(self, row: dict) -> str:
+        """The headline metric of a row's facet: what its difference from the reference is judged on."""
+        return self.headline.get(str(row.get(self.facet)), self.metrics[0]) if self.facet else self.metrics[0]
 
 
 @dataclass
@@ -241,10 +246,10 @@ def seed_table(study: Study, rows: list[dict]) -> list[dict]:
     (headline metric) the difference from the reference configuration with Welch's p."""
     groups = group_rows(rows, study.groups)
     ref = next((g for g in groups if _is_ref(g, study)), None) if study.reference else None
-    head = study.metrics[0]
     out = []
     for g in groups:
         row: dict = dict(zip(study.groups, g.key))
+        head = study.head(row)
         row["seeds"] = len(g.rows)
         row["diverged"] = sum(r.get("outcome") == "diverged" or r.get("status") != "FINISHED" for r in g.rows)
         for m in study.metrics:
@@ -352,13 +357,14 @@ def chart_seed_spread(study: Study, rows: list[dict], metric: str | None = None)
     """Each configuration's runs as dots (one per seed) with their mean; one panel per facet value."""
     from ampgan.reporting.report import new_figure
 
-    metric = metric or study.metrics[0]
     facet = study.facet if study.facet in study.groups else None
     facets = list(dict.fromkeys(str(r.get(facet)) for r in rows)) if facet else [None]
+    chosen = metric
     keys = [k for k in study.groups if k != facet]
     fig, axes = new_figure(len(facets), width=max(4.5, 0.55 * len(group_rows(rows, keys)) + 2), height=3.8)
     for ax, fv in zip(axes[0], facets):
         sub = [r for r in rows if facet is None or str(r.get(facet)) == fv]
+        metric = chosen or study.head({facet: fv} if facet else {})
         groups = group_rows(sub, keys)
         for i, g in enumerate(groups):
             ys = g.values(metric)
@@ -599,10 +605,11 @@ def _run(study: Study, args, mode: str, answer) -> int:
 
 def beyond_noise(ctx: Context, lower_is_better: bool) -> tuple[list[str], list[str]]:
     """The configurations whose headline metric differs from the reference's beyond seed noise: (worse, better)."""
-    head, worse, better = ctx.study.metrics[0], [], []
+    worse, better = [], []
     for r in ctx.table:
         if r.get("beyond noise") != "yes":
             continue
+        head = ctx.study.head(r)
         name = "/".join(str(r[k]) for k in ctx.study.groups)
         diff = float(r[f"{head} - ref"])
         (worse if (diff > 0) == lower_is_better else better).append(f"{name} ({head} {'+' if diff > 0 else ''}{r[f'{head} - ref']}, p {r['p']})")

@@ -72,11 +72,14 @@ def after(ctx: Context) -> None:
 
 
 def arm_line(row: dict) -> str:
-    """A configuration's one-line answer: its difference from FP32 in swd with the paired interval."""
+    """A configuration's one-line answer: its difference from FP32 in its data set's headline metric
+    (swd on points, judge_fd on digits) with the paired interval."""
     said = {"yes": "differs from FP32 beyond seed noise", "no": "within seed noise of FP32"}.get(row["beyond noise"],
                                                                                               "not compared")
     verdict = f"; diagnose: {row['diagnose']}" if row.get("diagnose") else ""
-    return (f"{row['wgan_amp']}: {said} (swd {row['swd - ref']} against FP32, 95% interval {row['95% interval (paired)']}, "
+    head = STUDY.head(row)
+    return (f"{row['wgan_amp']} on {row['wgan_data']}: {said} ({head} {row[f'{head} - ref']} against FP32, "
+            f"95% interval {row['95% interval (paired)']}, "
             f"p {row['p']}; skipped {row.get('critic skipped', '-')}, final scale {row.get('critic final scale', '-')}, "
             f"critic gradient share flushed {row.get('critic underflow (mean)', '-')}){verdict}.")
 

@@ -123,6 +123,22 @@ def test_the_paired_interval_of_the_difference_holds_the_mean_and_excludes_zero_
     assert float(wide[1]) - float(wide[0]) > narrow[1] - narrow[0]
 
 
+def test_each_facet_is_judged_on_its_own_headline_metric():
+    study = Study(name="t", title="t", question="q", groups=["data", "arm"], metrics=["swd", "fd"],
+                  reference={"arm": "fp32"}, facet="data", headline={"img": "fd"})
+    rows = _rows({("pts", "fp32"): [1.0, 1.1, 0.9], ("pts", "o2"): [1.0, 1.1, 0.9],
+                  ("img", "fp32"): [5.0, 5.0, 5.0], ("img", "o2"): [5.0, 5.0, 5.0]})
+    for r in rows:   # on images, swd does not move but fd does: o2's fd is worse on every seed
+        r["fd"] = {"fp32": 1.0, "o2": 3.0}[r["arm"]] + 0.01 * int(r["trainer.seed"]) if r["data"] == "img" else None
+    table = {(r["data"], r["arm"]): r for r in seed_table(study, rows)}
+    assert table[("img", "o2")]["fd - ref"] == "2" and table[("img", "o2")]["beyond noise"] == "yes"
+    assert table[("pts", "o2")]["swd - ref"] == "0" and table[("pts", "o2")]["beyond noise"] == "no"
+    ctx = Context(study, None, "", None, [None] * len(rows), rows, list(table.values()), ROOT, "default")
+    worse, _ = beyond_noise(ctx, lower_is_better=True)
+    assert worse == [f"img/o2 (fd +2, p {table[('img', 'o2')]['p']})"]
+    assert study.head({"data": "img"}) == "fd" and study.head({"data": "pts"}) == "swd"
+
+
 def test_a_bar_over_the_last_evaluations_judges_their_worst():
     bar = Bar("modes_covered", 7, last=3)
     assert bar.worst_recent([0, 8, 8, 2, 8, 8]) == 2 and bar.worst_recent([0, 2, 7, 8, 7]) == 7
@@ -285,8 +301,8 @@ def test_wgan_amp_says_one_line_per_configuration_with_its_paired_interval():
                             "o2_underflow_aware_1": [0.051, 0.059, 0.071]}.items() for i, v in enumerate(vs)]
     table = {r["wgan_amp"]: r for r in seed_table(WGAN, rows)}
     worse = arm_line(table["o2_dynamic"])
-    assert worse.startswith("o2_dynamic: differs from FP32 beyond seed noise (swd 0.103 against FP32, 95% interval [")
-    assert arm_line(table["o2_underflow_aware_1"]).startswith("o2_underflow_aware_1: within seed noise of FP32")
+    assert worse.startswith("o2_dynamic on g: differs from FP32 beyond seed noise (swd 0.103 against FP32, 95% interval [")
+    assert arm_line(table["o2_underflow_aware_1"]).startswith("o2_underflow_aware_1 on g: within seed noise of FP32")
     table["o2_dynamic"]["diagnose"] = "scaler (scaler=underflow_aware)"
     assert arm_line(table["o2_dynamic"]).endswith("; diagnose: scaler (scaler=underflow_aware).")
 
