@@ -80,10 +80,10 @@ def rank_main(result: str, rounds: int, block: int) -> int:
 
     from ampgan.config.schema import CONF_DIR, validate
     from ampgan.tasks import build_task, load_data
-    from ampgan.training import hardware, parallel
+    from ampgan.training import hardware, parallel, rank
     from hydra import compose, initialize_config_dir
 
-    if not parallel.join("CPU"):
+    if not rank.join("CPU"):
         return 0
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         s = validate(compose(config_name="train", overrides=MODEL + ["hardware.workers=2", "tracking=none"]))
@@ -128,7 +128,7 @@ def rank_main(result: str, rounds: int, block: int) -> int:
 
 def rows(scratch: Path, quick: bool, repeats: int) -> list[dict]:
     """The bench's rows: 2 workers against 1 (seconds per step), and the collectives against a 2-rank step."""
-    from experiments.bench import ratio_row
+    from experiments.bench_stats import ratio_row
 
     rounds = max(3, repeats)
     per_step = steps_per_second(scratch, rounds, 100 if quick else 300)

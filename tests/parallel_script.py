@@ -3,7 +3,7 @@
     msrun --worker_num=2 ... tests/parallel_script.py <plan.json>
 
 The plan lists jobs {"job": job folder with job.yaml, "plant", "unsynced"}; each rank trains each
-job through the production path (`ampgan.training.parallel.run_rank` -> `entry.train`), so the
+job through the production path (`ampgan.training.rank.run_rank` -> `entry.train`), so the
 cluster's start-up (~10 s) is paid once for all of them. Two test-only changes, made here by
 monkeypatching and never present in ampgan itself:
 
@@ -30,10 +30,10 @@ def own_only(own_finite, all_sum):
 
 def main(plan_path: str) -> int:
     from ampgan.steps import parallel as step_parallel
-    from ampgan.training import parallel
+    from ampgan.training import parallel, rank
 
     plan = json.loads(Path(plan_path).read_text())
-    if not parallel.join("CPU"):
+    if not rank.join("CPU"):
         return 0
     agree, shard = step_parallel.agree_finite, parallel.shard
     code = 0
@@ -58,7 +58,7 @@ def main(plan_path: str) -> int:
         parallel.shard = planted_shard
         step_parallel.agree_finite = own_only if job.get("unsynced") else agree
         folder = Path(job["job"])   # written by the test (`parallel.write_job`)
-        code = parallel.run_rank(folder, OmegaConf.load(folder / "job.yaml")) or code
+        code = rank.run_rank(folder, OmegaConf.load(folder / "job.yaml")) or code
     return code
 
 

@@ -128,3 +128,78 @@ def test_an_upward_import_breaks_the_rules(tmp_path):
     found = violations(graph(_tree(tmp_path / "upward", upward)))
     assert any(v.startswith("the loop never imports tracking") and v.endswith("ampgan.tracking.tracker") for v in found), found
     assert any(v.startswith("amp never imports") for v in found), found
+
+
+# ---------------------------------------------------------------- no circles, no private imports
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of `g` (its strongly connected parts of more than one module), each sorted.
+    An import of a package `ampgan.x` from its own submodules is not counted: a package's
+    `__init__` loading first is not a circle of roles."""
+    edges = {m: {i for i in deps if i in g and i != m and not m.startswith(i + ".")} for m, deps in g.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+    for root in sorted(edges):   # Tarjan's algorithm, iteratively
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    work.append((child, iter(sorted(edges[child]))))
+                elif child in stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                part = []
+                while True:
+                    m = stack.pop()
+                    part.append(m)
+                    if m == node:
+                        break
+                if len(part) > 1:
+                    found.append(sorted(part))
+    return found
+
+
+def private_imports(root: Path, packages: tuple[str, ...]) -> list[str]:
+    """`from module import _name` across modules: one module reaching into another's private code."""
+    out = []
+    for pkg in packages:
+        for path in sorted((root / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in packages:
+                    out += [f"{module_name(path, root)}: from {node.module} import {a.name}"
+                            for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    return out
+
+
+def test_the_package_and_the_experiments_have_no_import_circle():
+    assert cycles(graph(ROOT, ("ampgan", "experiments"))) == []
+
+
+def test_no_module_imports_another_modules_private_functions():
+    assert private_imports(ROOT, ("ampgan", "experiments")) == []
+
+
+def test_a_circle_and_a_private_import_are_found(tmp_path):
+    tree = _tree(tmp_path, {
+        "ampgan/__init__.py": "",
+        "ampgan/training/__init__.py": "",
+        "ampgan/training/entry.py": "def f():\n    from ampgan.training import parallel\n",
+        "ampgan/training/parallel.py": "def g():\n    from ampgan.training.entry import _hydra_output_dir\n",
+        "ampgan/training/loop.py": "from ampgan.training import checkpoint\n",
+        "ampgan/training/checkpoint.py": "import ampgan.training\n",
+    })
+    assert cycles(graph(tree)) == [["ampgan.training.entry", "ampgan.training.parallel"]]
+    assert private_imports(tree, ("ampgan",)) == ["ampgan.training.parallel: from ampgan.training.entry import _hydra_output_dir"]

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from ampgan.steps.common import Step
-from experiments.bench import HOST_CYCLE, HOST_ROUNDS, AmpganRunner, Comparison, StepClock, bootstrap_ci, host_row, ratio_row, verdict
+from experiments.bench import HOST_CYCLE, HOST_ROUNDS, AmpganRunner, Comparison, StepClock
+from experiments.bench_stats import bootstrap_ci, host_row, ratio_row, verdict
 
 
 def test_identical_ratios_give_a_zero_width_interval_at_their_value():

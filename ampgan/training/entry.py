@@ -46,7 +46,7 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
         settings = validate(cfg)
         run_dir = checkpoint.run_folder_of(resume)
     if parallel.launches(settings.hardware.workers):   # hardware.workers > 1: this process runs the ranks
-        return parallel.launch(cfg, settings, run_dir, resume)
+        return parallel.launch(cfg, settings, Path(run_dir or _hydra_output_dir() or Path.cwd()), resume)
     hardware.setup(settings.hardware, settings.trainer.seed)
     data = load_data(settings)
     task = parallel.shard(build_task(settings, data), settings.trainer.batch_size)   # a rank: its slice of each batch

@@ -5,8 +5,8 @@
 The job's process (the one Hydra started, `launch`) does not train: it checks the settings
 (`trainer.batch_size` must split evenly), resolves a resume point, writes the job folder
 `<run folder>/parallel/` and starts MindSpore's launcher, `msrun --worker_num=N ...
-python -m ampgan.training.parallel <job folder>`, with this Python first on PATH. Each rank
-(`worker_main`) joins the cluster (`mindspore.communication.init()`, backend mccl on CPU), sets
+python -m ampgan.training.rank <job folder>`, with this Python first on PATH. Each rank
+(`ampgan.training.rank`: what a rank does, and its entry point) joins the cluster (`mindspore.communication.init()`, backend mccl on CPU), sets
 `parallel_mode="data_parallel"` and trains the run through the ordinary composition root
 (`ampgan.training.entry.train`) with three differences, all here:
 
@@ -117,74 +117,19 @@ def _recording_drain(state, record: Path):
     return recording_drain
 
 
-def worker_main(job_dir: str) -> int:
-    """One rank (started by msrun): join the cluster, train the job's run, write what the job reads."""
-    job = Path(job_dir)
-    spec = OmegaConf.load(job / "job.yaml")
-    if not join(spec.config.hardware.device):
-        return 0
-    return run_rank(job, spec)
-
-
-def join(device: str) -> bool:
-    """Join msrun's cluster as a rank, in data-parallel mode; False: this process is msrun's
-    scheduler (msrun runs the script there too), which has nothing else to do."""
-    global _rank
-    import mindspore as ms
-    from mindspore.communication import get_group_size, get_rank, init
-
-    ms.set_device(device)
-    init()
-    if os.environ.get("MS_ROLE") == "MS_SCHED":
-        return False
-    _rank = (get_rank(), get_group_size())
-    ms.set_auto_parallel_context(parallel_mode="data_parallel", gradients_mean=True)
-    return True
-
-
-def run_rank(job: Path, spec) -> int:
-    """Train the job's run as this rank (`join` first): rank 0 tracks it and writes `result.json`;
-    every rank writes its pid and, at its end, its exit record (the job's process reads them)."""
-    r = _rank[0]
-    os.environ[JOB_ENV] = str(job)
-    (job / f"rank-{r}.pid").write_text(str(os.getpid()))
-    logging.basicConfig(level=logging.INFO, format=f"[%(asctime)s][rank {r}][%(levelname)s] - %(message)s")
-    if spec.hydra is not None:
-        _set_hydra(spec.hydra)
-    run_dir = Path(spec.run_dir)
-    own_folder(run_dir).mkdir(parents=True, exist_ok=True)
-    os.chdir(own_folder(run_dir))   # MindSpore's scratch files: each rank its own
-    from ampgan import report_error
-    from ampgan.training.entry import train
-    from ampgan.training.loop import STOP, exit_code
-
-    STOP.in_rank(r)
-
-    code, error = 0, ""
-    try:
-        objective = train(spec.config, run_dir)
-        if r == 0:
-            _write(job / "result.json", json.dumps({"objective": objective}))
-    except AmpganError as err:
-        error = str(err)
-        code = report_error(err)
-    except KeyboardInterrupt as err:
-        code = exit_code(err)
-    except Exception as err:  # noqa: BLE001 - the job's process reports it
-        error, code = f"{type(err).__name__}: {err}", 1
-        raise
-    finally:
-        _write(job / f"rank-{r}.exit", json.dumps({"code": code, "error": error}))
-    return code
-
-
 def write_job(job: Path, config: dict, run_dir: Path, hydra: dict | None = None) -> None:
     """The job folder's `job.yaml`: the run's resolved config, its folder, the job's Hydra config."""
     job.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(OmegaConf.create({"config": config, "run_dir": str(run_dir), "hydra": hydra}), job / "job.yaml")
 
 
-def _write(path: Path, text: str) -> None:
+def set_rank(rank_and_workers: tuple[int, int]) -> None:
+    """This process is rank r of a data-parallel run on `workers` processes (`ampgan.training.rank.join`)."""
+    global _rank
+    _rank = rank_and_workers
+
+
+def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
@@ -194,12 +139,11 @@ def _write(path: Path, text: str) -> None:
 def launch(cfg, settings, run_dir: Path | None = None, resume: Path | None = None) -> float:
     """Run the job on `hardware.workers` ranks through msrun; the objective rank 0 returned.
 
-    `resume`: the checkpoint set the run continues from (`run_dir` is then the run's own folder):
-    the store is read here once, and every rank continues from that very set."""
-    from ampgan.training.entry import _hydra_output_dir
-
+    `run_dir`: the run's folder (Hydra's output folder, from `entry.train`). `resume`: the
+    checkpoint set the run continues from (`run_dir` is then the run's own folder): the store is
+    read here once, and every rank continues from that very set."""
     workers = settings.hardware.workers
-    run_dir = Path(run_dir or _hydra_output_dir() or Path.cwd()).resolve()
+    run_dir = Path(run_dir).resolve()
     run_folder = run_dir
     job = run_dir / JOB_FOLDER
     job.mkdir(parents=True, exist_ok=True)
@@ -218,7 +162,7 @@ def launch(cfg, settings, run_dir: Path | None = None, resume: Path | None = Non
     cmd = [sys.executable, "-m", "mindspore.parallel.cluster.run", f"--worker_num={workers}",
            f"--local_worker_num={workers}", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
            "--join=True", f"--log_dir={job / 'logs'}", f"--tail_worker_log={workers}",   # none: rank 0's is echoed here
-           "python", "-m", "ampgan.training.parallel", str(job)]
+           "python", "-m", "ampgan.training.rank", str(job)]
     log.info(f"data parallel: {workers} workers through msrun, global batch {settings.trainer.batch_size} "
              f"({settings.trainer.batch_size // workers} per rank); logs {job / 'logs'}")
     with open(job / "msrun.log", "w") as out:
@@ -249,16 +193,6 @@ def _hydra_node():
         return OmegaConf.to_container(node, resolve=True, enum_to_str=True)
     except Exception:  # noqa: BLE001 - an interpolation that resolves only inside Hydra: keep it as written
         return OmegaConf.to_container(node, resolve=False, enum_to_str=True)
-
-
-def _set_hydra(node) -> None:
-    """The job's Hydra config in a rank: its run folder, sweep, overrides, as in the job's process."""
-    from hydra.conf import HydraConf
-    from hydra.core.hydra_config import HydraConfig
-
-    schema = OmegaConf.structured(HydraConf)
-    OmegaConf.set_struct(schema, False)   # keys a plugin or a newer Hydra adds
-    HydraConfig.instance().set_config(OmegaConf.create({"hydra": OmegaConf.merge(schema, node)}))
 
 
 def _source_root() -> Path:
@@ -477,9 +411,3 @@ def _log_rank_figures(settings, run_folder: Path, job: Path, workers: int) -> No
 def _records(job: Path, r: int) -> list[dict]:
     path = job / f"rank-{r}.jsonl"
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
-
-
-if __name__ == "__main__":
-    from ampgan.training.parallel import worker_main as _main   # the module itself, not this __main__ copy
-
-    sys.exit(_main(sys.argv[1]))
