@@ -11,7 +11,7 @@ import pytest
 
 from ampgan.amp.policy import apply_amp, shared_fp32_twin
 from ampgan.models import Critic
-from ampgan.diagnose.framework import finite_difference
+from ampgan.diagnose.framework import differences
 from ampgan.steps.gan import gradient_penalty
 
 
@@ -50,7 +50,7 @@ def test_gp_weight_gradient_matches_finite_differences(shape):
         flat = np.argsort(-np.abs(g).ravel())[:3]
         indices = [np.unravel_index(i, g.shape) for i in flat]
         # ReLU kinks can spoil one step size; a wrong (e.g. zero) gradient fails at both.
-        fds = [finite_difference(lambda: gp_value(critic, real, fake, alpha), p, indices, eps) for eps in (1e-3, 3e-4)]
+        fds = [differences(lambda: gp_value(critic, real, fake, alpha), p, indices, eps)[0] for eps in (1e-3, 3e-4)]
         got = g[tuple(np.array(indices).T)]
         ok = np.any([np.isclose(got, fd, rtol=0.05, atol=2e-4) for fd in fds], axis=0)
         assert ok.all(), f"{p.name}: analytic {got} vs finite differences {fds}"

@@ -28,6 +28,7 @@ def test_smoke_run_is_tracked(outputs, tmp_path, case, amp):
     assert run.info.status == "FINISHED"
     assert run.data.tags["amp"] == amp.upper() and run.data.tags["scaler"] == "dynamic"
     assert run.data.tags["outcome"] == "completed"
+    assert run.data.tags["device"] == "CPU" and run.data.tags["device_tested"] == "true"   # what it ran on
     assert run.data.params["amp.level"] == amp.upper()
     assert run.data.params["trainer.max_steps"] == "6"
     prefix = "critic" if case == "gan" else "train"

@@ -7,6 +7,4 @@ replayed and ranked; K-seed check), search (ddmin for a minimal FP32 keep-list),
 pipeline runs one diagnosis, command runs them all and logs the MLflow run.
 """
 
-from ampgan.diagnose.config import register_schema as _register_schema  # conf/diagnose/ extends it
-
-_register_schema()
+import ampgan.diagnose.config  # noqa: F401 - registers schema/diagnose/default, which conf/diagnose/ extends

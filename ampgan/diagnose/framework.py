@@ -147,11 +147,6 @@ def differences(value, param, indices, eps: float = EPS) -> np.ndarray:
     return np.array(out).T
 
 
-def finite_difference(value, param, indices, eps: float = EPS) -> np.ndarray:
-    """Central differences d value() / d param[idx] for each idx of `indices` (see `differences`)."""
-    return differences(value, param, indices, eps)[0]
-
-
 def relative_error(got: np.ndarray, fds: list[np.ndarray], floor: float = 1e-12) -> float:
     """The median over entries of |got - fd| / max(|fd|, floor), each entry against the closest of
     its differences (`fds`: arrays of one value per entry, or of rows of them); inf when `got` is

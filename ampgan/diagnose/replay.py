@@ -137,9 +137,6 @@ class Reference:
     start_step: int = 0             # its training step: iteration i replays training step start_step + i
     iteration_seconds: list[float] = field(default_factory=list)  # wall time of each iteration (the first compiles)
 
-    def net_steps(self, net: str) -> list[RefStep]:
-        return [r for r in self.steps if r.net == net]
-
 
 def record_reference(s: Settings, data: Dataset, iterations: int, progress: Progress,
                      start: Path | None = None) -> Reference:

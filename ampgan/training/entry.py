@@ -273,8 +273,12 @@ def _hydra_output_dir() -> Path | None:
 
 
 def _tags(s: Settings, run_dir: Path) -> dict[str, str]:
+    from ampgan.training.hardware import TESTED, device_in_use
+
+    device = device_in_use()
     tags = {"model": s.model.name, "data": s.data_name, "amp": s.amp.level, "scaler": s.scaler.name,
-            "hardware": s.hardware.device, "git_commit": _git_commit(), "output_dir": str(run_dir)}
+            "hardware": s.hardware.device, "device": device, "device_tested": str(device in TESTED).lower(),
+            "git_commit": _git_commit(), "output_dir": str(run_dir)}
     from hydra.core.hydra_config import HydraConfig
 
     if HydraConfig.initialized():

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import random
 
 import mindspore as ms
 import numpy as np
 
 from ampgan import AmpganError
+
+log = logging.getLogger("ampgan")
+
+# The devices ampgan's tests run on. GPU and Ascend are configured (conf/hardware/) but no test has
+# run them: the machines ampgan is developed on have neither. A run on them says so.
+TESTED = ("CPU",)
 
 _MISSING = {
     "GPU": "MindSpore found no usable CUDA GPU (a GPU build of MindSpore, the CUDA driver and a device are needed)",
@@ -56,6 +63,9 @@ def setup(cfg, seed: int) -> None:
     another non-default `threads` than an earlier job set (`set_threads` raises).
     """
     check_device(cfg.device)
+    if cfg.device not in TESTED:
+        log.warning(f"hardware={cfg.device.lower()}: configured, but no test of ampgan has run on {cfg.device} "
+                    f"(its tests run on {', '.join(TESTED)} only); the run is tagged device_tested=false")
     if cfg.device == "CPU":
         set_threads(cfg.threads)
     if ms.get_context("device_target") != cfg.device:
@@ -64,3 +74,8 @@ def setup(cfg, seed: int) -> None:
     ms.set_seed(seed)
     np.random.seed(seed)
     random.seed(seed)
+
+
+def device_in_use() -> str:
+    """The device MindSpore actually runs on in this process (after `setup`)."""
+    return str(ms.get_context("device_target"))
