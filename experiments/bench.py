@@ -546,7 +546,7 @@ def startup(store_dir: Path, device: str, rounds: int) -> list[dict]:
     median of the pairs' differences, with its bootstrap interval. Each ampgan run also logs its
     own split (startup/*).
     """
-    from mlflow.tracking import MlflowClient
+    from ampgan.tracking.tracker import make_client
 
     uri = f"sqlite:///{store_dir / 'startup.db'}"
     MlflowTracker(uri, "startup")  # create the store outside the timed runs
@@ -596,7 +596,7 @@ def startup(store_dir: Path, device: str, rounds: int) -> list[dict]:
             walls.append(ampgan())
             floors.append(bare())
         pair_done("warm", rounds)
-    client = MlflowClient(uri)
+    client = make_client(uri)
     runs = sorted(client.search_runs([client.get_experiment_by_name("startup").experiment_id]),
                   key=lambda run: run.info.start_time)
     phases = {key: [run.data.metrics[key] for run in runs] for key in STARTUP_PHASES}
@@ -655,7 +655,7 @@ def sweep_overhead(store_dir: Path, device: str, quick: bool) -> dict:
     compiles the steps; the later ones run them (`ampgan.graph_pool`). Each job also logs its own
     in-process figure (`job/overhead_s`: from validation to the final checkpoint, minus its steps).
     """
-    from mlflow.tracking import MlflowClient
+    from ampgan.tracking.tracker import make_client
 
     steps = 50 if quick else 100
     uri = f"sqlite:///{store_dir / 'sweep.db'}"
@@ -667,7 +667,7 @@ def sweep_overhead(store_dir: Path, device: str, quick: bool) -> dict:
     started = time.perf_counter()
     subprocess.run(cmd, env=env, check=True, capture_output=True, cwd=store_dir)
     wall = time.perf_counter() - started
-    client = MlflowClient(uri)
+    client = make_client(uri)
     runs = client.search_runs([client.get_experiment_by_name("sweep").experiment_id])
     jobs = sorted((r for r in runs if "job_num" in r.data.tags), key=lambda r: int(r.data.tags["job_num"]))
     cycles = [(b.info.start_time - a.info.start_time) / 1000 - steps * a.data.metrics["perf/step_s"]

@@ -36,7 +36,7 @@ def _env() -> dict[str, str]:
 
 def steps_per_second(scratch: Path, rounds: int, steps: int) -> dict[int, list[float]]:
     """workers -> seconds per step of each round's run."""
-    from mlflow.tracking import MlflowClient
+    from ampgan.tracking.tracker import make_client
 
     uri = f"sqlite:///{scratch / 'parallel.db'}"
     out: dict[int, list[float]] = {1: [], 2: []}
@@ -50,7 +50,7 @@ def steps_per_second(scratch: Path, rounds: int, steps: int) -> dict[int, list[f
                                   cwd=scratch)
             if done.returncode != 0:
                 raise RuntimeError(f"{name} failed: {done.stderr[-1000:]}")
-            client = MlflowClient(uri)
+            client = make_client(uri)
             exp = client.get_experiment_by_name("bench-parallel")
             run = client.search_runs([exp.experiment_id], f"attributes.run_name = '{name}'")[0]
             out[workers].append(run.data.metrics["perf/step_s"])

@@ -203,3 +203,21 @@ def test_a_circle_and_a_private_import_are_found(tmp_path):
     })
     assert cycles(graph(tree)) == [["ampgan.training.entry", "ampgan.training.parallel"]]
     assert private_imports(tree, ("ampgan",)) == ["ampgan.training.parallel: from ampgan.training.entry import _hydra_output_dir"]
+
+
+def mlflow_outside_tracking(root: Path, packages: tuple[str, ...]) -> list[str]:
+    """Modules outside `ampgan.tracking` that import MLflow themselves (lazy imports included)."""
+    out = []
+    for pkg in packages:
+        for path in sorted((root / pkg).rglob("*.py")):
+            name = module_name(path, root)
+            if within(name, ("ampgan.tracking",)):
+                continue
+            out += [f"{name}: {i}" for i in sorted(imports_of(path, name)) if within(i, ("mlflow",))][:1]
+    return out
+
+
+def test_mlflow_is_imported_only_in_tracking():
+    assert mlflow_outside_tracking(ROOT, ("ampgan", "experiments")) == []
+    assert mlflow_outside_tracking(ROOT, ("ampgan",)) == [] and any(   # the check sees tracking's own imports
+        within(i, ("mlflow",)) for i in imports_of(ROOT / "ampgan/tracking/tracker.py", "ampgan.tracking.tracker"))

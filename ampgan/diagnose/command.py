@@ -75,16 +75,14 @@ def check_node(cfg: DictConfig) -> None:
 def recorded_config(cfg: DictConfig, run_id: str) -> DictConfig:
     """The diagnosed run's recorded config (its `config.yaml` artifact) with this command's diagnose
     and tracking nodes. Raises AmpganError for an unknown run or a run without a config."""
-    from mlflow.exceptions import MlflowException
-
-    from ampgan.tracking.tracker import make_client
+    from ampgan.tracking.tracker import make_client, store_errors
 
     client = make_client(cfg.tracking.uri)
     with tempfile.TemporaryDirectory(prefix="ampgan-diagnose-") as scratch:
         try:
             client.get_run(run_id)
             path = client.download_artifacts(run_id, "config.yaml", scratch)
-        except (MlflowException, OSError) as err:
+        except store_errors() as err:
             raise AmpganError(f"diagnose.run={run_id}: no such run with a config.yaml in {cfg.tracking.uri} "
                               f"({str(err).splitlines()[0][:120]})") from None
         recorded = OmegaConf.load(path)
@@ -299,9 +297,7 @@ def verdict_note(result: Result) -> str:
 
 def mark_diagnosed(client, run_id: str, result: Result, tags: dict, experiment_id: str, diagnosis_id: str) -> None:
     """The verdict where the run is: tags on the diagnosed run, with a link to its diagnosis (one request)."""
-    from mlflow.entities import RunTag
-
-    from ampgan.tracking.tracker import mlflow_value, run_link
+    from ampgan.tracking.tracker import run_link, tag_run
 
     v = result.verdict
     located = result.analysis.located
@@ -309,4 +305,4 @@ def mark_diagnosed(client, run_id: str, result: Result, tags: dict, experiment_i
              "ampgan.verdict.op": located.describe() if located is not None else "-",
              "ampgan.verdict.fix": tags.get("ampgan.fix", "-"), "ampgan.diagnosis": diagnosis_id,
              "ampgan.diagnosis.link": run_link(experiment_id, diagnosis_id)}
-    client.log_batch(run_id, tags=[RunTag(key, mlflow_value(value, 5000)) for key, value in marks.items()])
+    tag_run(client, run_id, marks)

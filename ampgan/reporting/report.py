@@ -399,11 +399,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report(args) -> int:
-    from mlflow.tracking import MlflowClient
+    from ampgan.tracking.tracker import make_client
 
     if args.uri.startswith("sqlite:///") and not Path(args.uri[len("sqlite:///"):]).exists():
         raise AmpganError(f"no store at {args.uri}")
-    client = MlflowClient(args.uri)
+    client = make_client(args.uri)
     exp = client.get_experiment_by_name(args.experiment)
     if exp is None:
         raise AmpganError(f"no experiment '{args.experiment}' in {args.uri}")

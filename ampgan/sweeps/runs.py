@@ -186,6 +186,7 @@ class SweepRuns(Callback):
         parent_id, self.parent_id = self.parent_id, None
         atexit.unregister(self._end)
         from ampgan.reporting.report import children_of, write_report
+        from ampgan.tracking.tracker import log_points
 
         client = self.client
         children = children_of(client, client.get_run(parent_id))
@@ -196,7 +197,7 @@ class SweepRuns(Callback):
         summary = f"{counts['finished']}/{len(children)} finished" + "".join(
             f", {n} {k}" for k, n in counts.items() if k != "finished" and n)
         client.set_tag(parent_id, "outcome", summary)
-        client.log_batch(parent_id, metrics=_count_metrics(len(children), counts))
+        log_points(client, parent_id, [("sweep/jobs", len(children), 0)] + [(f"sweep/{k}", v, 0) for k, v in counts.items()])
         try:
             folder = write_report(client, client.get_run(parent_id), children)
             log.info(f"sweep {self.sweep_id}: {summary}; report {folder / 'report.html'} (and on run {parent_id})")
@@ -207,10 +208,3 @@ class SweepRuns(Callback):
         client.set_terminated(parent_id, status=status)
 
 
-def _count_metrics(jobs: int, counts: dict[str, int]):
-    import time
-
-    from mlflow.entities import Metric
-
-    now = int(time.time() * 1000)
-    return [Metric("sweep/jobs", float(jobs), now, 0)] + [Metric(f"sweep/{k}", float(v), now, 0) for k, v in counts.items()]

@@ -323,6 +323,29 @@ def ensure_experiment(client, name: str, artifact_root: str | None) -> str:
     return exp.experiment_id
 
 
+def log_points(client, run_id: str, points: list[tuple[str, float, int]]) -> None:
+    """Metrics (name, value, step) to a run in one request, stamped now."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    if points:
+        client.log_batch(run_id, metrics=[Metric(name, float(value), now, int(step)) for name, value, step in points])
+
+
+def tag_run(client, run_id: str, tags: dict[str, Any]) -> None:
+    """Tags to a run in one request, each value cut to what MLflow accepts."""
+    from mlflow.entities import RunTag
+
+    client.log_batch(run_id, tags=[RunTag(key, mlflow_value(value, 5000)) for key, value in tags.items()])
+
+
+def store_errors() -> tuple[type[BaseException], ...]:
+    """What a store request raises for a missing run or artifact: MLflow's exception and OSError."""
+    from mlflow.exceptions import MlflowException
+
+    return (MlflowException, OSError)
+
+
 def run_link(experiment_id: str, run_id: str) -> str:
     """A run's page in MLflow's UI (training view), relative to the server's address."""
     return f"#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"

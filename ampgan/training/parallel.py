@@ -387,25 +387,21 @@ def _end_run(settings, run_folder: Path, reason: str) -> str:
 
 def _log_rank_figures(settings, run_folder: Path, job: Path, workers: int) -> None:
     """Each rank's own overflows (from its `rank-r.jsonl`) to rank 0's run: per step and counted."""
-    from ampgan.tracking.tracker import RUN_RECORD, make_client
+    from ampgan.tracking.tracker import RUN_RECORD, log_points, make_client
 
     if settings.tracking.backend != "mlflow" or not (run_folder / RUN_RECORD).exists():
         return
-    from mlflow.entities import Metric
-
     record = json.loads((run_folder / RUN_RECORD).read_text())
-    now = int(time.time() * 1000)
-    metrics = []
+    points = []
     for r in range(workers):
         lines = _records(job, r)
         nets = [net for line in lines for net in line.get("nets", [])]
         lines = [line for line in lines if "step" in line]
         for line in lines:
-            metrics.append(Metric(f"rank{r}/{line['net']}/overflow", 1.0, now, int(line["step"])))
+            points.append((f"rank{r}/{line['net']}/overflow", 1.0, int(line["step"])))
         for net in nets:
-            metrics.append(Metric(f"rank{r}/{net}/overflow_steps", float(sum(x["net"] == net for x in lines)), now, 0))
-    if metrics:
-        make_client(record["uri"]).log_batch(record["run_id"], metrics=metrics)
+            points.append((f"rank{r}/{net}/overflow_steps", float(sum(x["net"] == net for x in lines)), 0))
+    log_points(make_client(record["uri"]), record["run_id"], points)
 
 
 def _records(job: Path, r: int) -> list[dict]:
