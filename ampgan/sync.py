@@ -1,8 +1,8 @@
-"""`python -m ampgan.sync [run folder ...]`: deliver what a store is missing; end runs whose process died (ampgan.tracking.sync)."""
+"""`python -m ampgan.sync [run folder ...]`: deliver what a store is missing; end runs whose process died (ampgan.tracking.store_sync)."""
 
 import sys
 
-from ampgan.tracking.sync import main
+from ampgan.tracking.store_sync import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -31,7 +31,7 @@ STUDY = Study(
 
 
 def charts(ctx: Context) -> dict:
-    from ampgan.reporting.report import new_figure
+    from ampgan.reporting.sweep_report import new_figure
 
     fig, axes = new_figure(1)
     ax = axes[0][0]

@@ -355,7 +355,7 @@ def conclude(ctx: Context, answer: Callable[[Context], str] | None) -> str:
 # ---------------------------------------------------------------- charts
 def chart_seed_spread(study: Study, rows: list[dict], metric: str | None = None):
     """Each configuration's runs as dots (one per seed) with their mean; one panel per facet value."""
-    from ampgan.reporting.report import new_figure
+    from ampgan.reporting.sweep_report import new_figure
 
     facet = study.facet if study.facet in study.groups else None
     facets = list(dict.fromkeys(str(r.get(facet)) for r in rows)) if facet else [None]
@@ -384,7 +384,7 @@ def chart_seed_spread(study: Study, rows: list[dict], metric: str | None = None)
 def chart_history(ctx: Context, metric: str, title: str):
     """An MLflow metric against the step, one line per configuration: its mean over seeds at each
     logged step, with a band from the seeds' min to their max."""
-    from ampgan.reporting.report import new_figure
+    from ampgan.reporting.sweep_report import new_figure
 
     fig, axes = new_figure(1, width=7.0, height=4.2)
     ax = axes[0][0]
@@ -411,7 +411,7 @@ def chart_history(ctx: Context, metric: str, title: str):
 def chart_lines(rows: list[dict], x: str, series: str | None, metric: str, title: str, logx: bool = True):
     """`metric` against a numeric swept key, one line (mean over seeds, min-max bars) per `series` value
     (one line in all when `series` is None)."""
-    from ampgan.reporting.report import new_figure
+    from ampgan.reporting.sweep_report import new_figure
 
     fig, axes = new_figure(1)
     ax = axes[0][0]
@@ -497,7 +497,7 @@ def _verdict(client, run, exit_code: int, text: str | None) -> dict:
 
 # ---------------------------------------------------------------- publishing
 def publish(ctx: Context, pngs: dict[str, bytes], answer: str) -> Path:
-    from ampgan.reporting.report import csv_text, html_page, markdown
+    from ampgan.reporting.sweep_report import csv_text, html_page, markdown
 
     folder, study = ctx.folder, ctx.study
     table = public(ctx.table)
@@ -521,7 +521,7 @@ def publish(ctx: Context, pngs: dict[str, bytes], answer: str) -> Path:
 
 def section(ctx: Context, table: list[dict], charts: list[str], answer: str) -> str:
     """The study's section for experiments/README.md, from this run: question, setup, table, charts, answer, command."""
-    from ampgan.reporting.report import markdown
+    from ampgan.reporting.sweep_report import markdown
 
     study, minutes = ctx.study, ctx.minutes()
     flag = {"default": "", "full": " ARGS=--full", "quick": " ARGS=--quick"}[ctx.mode]
@@ -553,7 +553,7 @@ def run(study: Study, argv: list[str] | None = None, answer: Callable[[Context],
 
 
 def _run(study: Study, args, mode: str, answer) -> int:
-    from ampgan.reporting.report import children_of, figure_png, markdown, summarize
+    from ampgan.reporting.sweep_report import children_of, figure_png, markdown, summarize
     from ampgan.tracking.tracker import make_client
 
     folder = Path(args.out or outputs_dir() / "studies" / (study.name + ("" if mode == "default" else f"-{mode}")))

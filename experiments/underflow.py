@@ -40,7 +40,7 @@ def after(ctx: Context) -> None:
 
 
 def charts(ctx: Context) -> dict:
-    from ampgan.reporting.report import chart_loss_scale
+    from ampgan.reporting.sweep_report import chart_loss_scale
 
     firsts = [r for r in (first_run(ctx, underflow=row["underflow"]) for row in ctx.table) if r is not None]
     return {"loss_scale": chart_loss_scale(ctx.client, [r for r in firsts if "none" not in r.info.run_name

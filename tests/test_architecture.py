@@ -221,3 +221,25 @@ def test_mlflow_is_imported_only_in_tracking():
     assert mlflow_outside_tracking(ROOT, ("ampgan", "experiments")) == []
     assert mlflow_outside_tracking(ROOT, ("ampgan",)) == [] and any(   # the check sees tracking's own imports
         within(i, ("mlflow",)) for i in imports_of(ROOT / "ampgan/tracking/tracker.py", "ampgan.tracking.tracker"))
+
+
+# a name several modules define for the same job: entry points, each data set's size, and the
+# Python API, whose functions are the facade of the modules that do the work
+SHARED_NAMES = {"main", "train_size", "train", "diagnose", "loss_scaler", "loss_scale_manager"}
+
+
+def shared_function_names(root: Path, package: str = "ampgan") -> dict[str, list[str]]:
+    """Public top-level functions defined under the same name in several modules."""
+    where: dict[str, list[str]] = {}
+    for path in sorted((root / package).rglob("*.py")):
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+                where.setdefault(node.name, []).append(module_name(path, root))
+    return {name: mods for name, mods in where.items() if len(mods) > 1 and name not in SHARED_NAMES}
+
+
+def test_no_two_modules_give_one_name_to_two_jobs():
+    assert shared_function_names(ROOT) == {}
+    # each module behind a `python -m` entry has a name of its own
+    for entry in ("search", "report", "sync"):
+        assert len(list((ROOT / "ampgan").rglob(f"{entry}.py"))) == 1, entry

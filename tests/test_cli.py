@@ -46,7 +46,7 @@ def test_cli_smoke_run_and_help(outputs):
 
 def _job_runs(outputs):
     """The runs of a sweep's jobs (its parent run, ampgan.sweep_runs, left out)."""
-    from ampgan.reporting.report import PARENT_TAG
+    from ampgan.reporting.sweep_report import PARENT_TAG
 
     client, runs = all_runs(outputs)
     return client, [r for r in runs if PARENT_TAG not in r.data.tags]
@@ -62,7 +62,7 @@ def test_sweep_logs_one_run_per_job_with_sweep_tags(outputs):
     assert sorted(r.data.tags["job_num"] for r in runs) == ["0", "1", "2", "3"]
     assert sorted(float(r.data.params["scaler.clip_norm"]) for r in runs) == [0.5, 1.0, 2.0, 5.0]
     assert all(r.data.tags["scaler"] == "fixed_clip" and "critic/clip_rate" in r.data.metrics for r in runs)
-    from ampgan.reporting.report import main as report
+    from ampgan.reporting.sweep_report import main as report
 
     assert report(["--uri", f"sqlite:///{outputs / 'mlflow.db'}"]) == 0
 

@@ -66,7 +66,7 @@ def test_slurm_sweep_logs_to_postgres_backed_server(services, tmp_path, monkeypa
     This SLURM keeps no accounting, so nobody asks `sacct` about the jobs, and nothing prints its noise."""
     from mlflow.tracking import MlflowClient
 
-    from ampgan.reporting.report import PARENT_TAG
+    from ampgan.reporting.sweep_report import PARENT_TAG
     from hydra_plugins.ampgan_sweeps.submitit_slurm import slurm_keeps_accounting
 
     server, cluster = services
@@ -186,7 +186,7 @@ def test_a_job_slurm_cannot_launch_ends_the_sweep_in_one_line(tmp_path):
     left RUNNING."""
     from mlflow.tracking import MlflowClient
 
-    from ampgan.reporting.report import PARENT_TAG
+    from ampgan.reporting.sweep_report import PARENT_TAG
 
     spool_root = tmp_path / ("s" * 110)
     spool_root.mkdir()

@@ -90,9 +90,9 @@ def test_every_option_is_its_schema_plus_its_own_values(group, option):
     schema = schema_of(group, node)
     if "task" in _own_values(group, option)[-1] and OmegaConf.get_type(node) not in SCHEMAS[group].values():
         # a task kind of its own (model=lm): its task's Config checks, the YAML holds every value once
-        from ampgan.config.targets import locate
+        from ampgan.config.targets import import_object
 
-        assert schema is locate(node.task).Config
+        assert schema is import_object(node.task).Config
         unset = [f.name for f in fields(schema) if OmegaConf.is_missing(OmegaConf.merge(OmegaConf.structured(schema), node), f.name)]
         assert not unset, f"conf/{group}/{option}.yaml leaves {unset} unset"
         assert all(OmegaConf.is_missing(OmegaConf.structured(schema), f.name) for f in fields(schema)), \

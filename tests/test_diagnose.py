@@ -23,7 +23,7 @@ from ampgan.data import build_dataset
 from ampgan.diagnose.command import checkpoint_start, diagnose, recorded_config
 from ampgan.diagnose.config import DiagnoseConfig, diagnose_settings
 from ampgan.diagnose.pipeline import analyse
-from ampgan.diagnose.report import HEATMAPS
+from ampgan.diagnose.verdict_report import HEATMAPS
 from ampgan.diagnose.ranges import MAX_EXP, NORMAL_EXP, fit_scales
 from ampgan.diagnose.replay import (build_seeded, fp32_twin_settings, net_parameters, probes,
                                     record_reference, replay_amp)

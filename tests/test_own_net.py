@@ -115,7 +115,7 @@ def test_a_users_net_in_a_sweep_and_in_diagnose(user_package, outputs):
 def test_a_users_net_in_a_search(user_package, outputs):
     import optuna
 
-    from ampgan.sweeps.search import open_storage
+    from ampgan.sweeps.optuna_search import open_storage
     from tests.test_search import search_cli
 
     done = search_cli("--trials", "2", "--workers", "1", *OWN[:3], "amp=o2", "scaler=dynamic", *SHORT,

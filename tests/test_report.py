@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ampgan.reporting.report import PARENT_TAG
+from ampgan.reporting.sweep_report import PARENT_TAG
 from ampgan.sweeps.runs import PARENT_RECORD, parent_tags, swept_keys
 from tests.conftest import ROOT, all_runs, run_cli
 
@@ -130,7 +130,7 @@ def test_report_table_is_the_logged_metrics(clip_sweep):
 
 
 def test_report_flags_and_errors(clip_sweep, monkeypatch, capsys):
-    from ampgan.reporting.report import main
+    from ampgan.reporting.sweep_report import main
 
     monkeypatch.setenv("AMPGAN_OUTPUTS", str(clip_sweep.outputs))
     assert main([]) == 0 and f"sweep {clip_sweep.sweep_id}: 4 runs" in capsys.readouterr().out  # the latest sweep

@@ -19,7 +19,7 @@ import pytest
 
 from ampgan.training import checkpoint
 from ampgan.config.schema import validate
-from ampgan.reporting.report import PARENT_TAG
+from ampgan.reporting.sweep_report import PARENT_TAG
 from ampgan.tracking.tracker import MlflowTracker, read_journal
 from tests.conftest import ROOT, all_runs, compose_cfg, run_cli
 

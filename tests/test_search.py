@@ -24,7 +24,7 @@ def search_cli(*args: str, outputs: Path, timeout: int = 900) -> subprocess.Comp
 def test_search_six_trials_two_workers_one_study(outputs):
     import optuna
 
-    from ampgan.sweeps.search import open_storage
+    from ampgan.sweeps.optuna_search import open_storage
 
     done = search_cli("--trials", "6", "--workers", "2", "trainer=smoke", "trainer.layer_health_every=0",
                       "trainer.eval_every=0", "scaler=choice(dynamic,fixed_clip)",
@@ -56,7 +56,7 @@ def test_failed_trials_are_failed_not_nan(outputs):
     """A classifier search maximises accuracy; a trial whose job raises is FAILED with its error."""
     import optuna
 
-    from ampgan.sweeps.search import open_storage
+    from ampgan.sweeps.optuna_search import open_storage
 
     done = search_cli("--trials", "3", "--workers", "1", "model=classifier", "data=digits", "trainer=smoke",
                       "trainer.layer_health_every=0", "trainer.eval_every=0",

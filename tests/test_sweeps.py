@@ -25,7 +25,7 @@ def sweep_runs(outputs: Path):
     """(client, job runs of the store; a sweep's parent run left out)."""
     from mlflow.tracking import MlflowClient
 
-    from ampgan.reporting.report import PARENT_TAG
+    from ampgan.reporting.sweep_report import PARENT_TAG
 
     client = MlflowClient(store_uri(outputs))
     exp = client.get_experiment_by_name("ampgan")
@@ -104,7 +104,7 @@ def test_killed_sweep_resumes_every_job_once(outputs):
     """
     from mlflow.tracking import MlflowClient
 
-    from ampgan.reporting.report import PARENT_TAG
+    from ampgan.reporting.sweep_report import PARENT_TAG
 
     env = {**os.environ, "AMPGAN_OUTPUTS": str(outputs), "GLOG_v": "3"}
     args = ["-m", "hydra/launcher=parallel", "model=classifier", "data=digits", *SMOKE, "trainer.max_steps=40",

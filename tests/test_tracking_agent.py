@@ -193,7 +193,7 @@ def test_a_run_whose_process_is_a_zombie_counts_as_lost():
     import socket
     import time
 
-    from ampgan.tracking.sync import process_alive
+    from ampgan.tracking.store_sync import process_alive
 
     def tags(proc: subprocess.Popen) -> dict[str, str]:
         return {"ampgan.host": socket.gethostname(), "ampgan.pid": str(proc.pid),

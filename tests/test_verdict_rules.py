@@ -302,16 +302,16 @@ def test_verify_replays_a_candidate_still_finding_its_scale_until_it_settles_or_
     """A fix whose replay ended with its scaler still halving has shown nothing: verify replays it for
     one more step per halving down to scale 1, plus 2 (so it settles or fails: below 1 is not
     'finding'), instead of calling it confirmed on no finite step."""
-    from ampgan.diagnose.verify import settling_steps
+    from ampgan.diagnose.verify import replay_settling_steps
 
     gen = net_trace("gen", [False, False])
     gen.scale = [1024.0, 512.0]
     gen.amp_losses = [{"loss": 0.5}, {"loss": 0.4}]
     nets = {"critic": net_trace("critic", [True] * 10), "gen": gen}
     analysis = SimpleNamespace(synced=synced(nets))
-    assert settling_steps(analysis, 2) == 2 + 9 + 2
+    assert replay_settling_steps(analysis, 2) == 2 + 9 + 2
     gen.finite[1] = True                               # settled on its second step: judged as it is
-    assert settling_steps(analysis, 2) is None
+    assert replay_settling_steps(analysis, 2) is None
 
 # ---------------------------------------------------------------- the inference stage: float16 breaks the evaluation
 def trailing():

@@ -393,10 +393,10 @@ def schema_of(group: str, node: Any) -> type:
 
 def _task_class(path: str) -> type:
     """The task class `model.task` names; it carries its config schema as `Config`."""
-    from ampgan.config.targets import first_line, locate
+    from ampgan.config.targets import first_line, import_object
 
     try:
-        cls = locate(path)
+        cls = import_object(path)
     except Exception as err:  # noqa: BLE001 - a user's task module: one line with its reason
         raise AmpganError(f"model.task={path}: cannot import it ({type(err).__name__}: {first_line(err)})") from None
     if not isinstance(cls, type) or not hasattr(cls, "Config"):

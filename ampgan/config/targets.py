@@ -14,7 +14,7 @@ from typing import Any
 from ampgan import AmpganError, closest
 
 
-def locate(path: str):
+def import_object(path: str):
     """The object a dotted `_target_` path names: the longest importable module prefix, then
     attributes. An error inside the user's module (a missing dependency, a syntax error) is raised
     as it is, not taken for a shorter path."""
@@ -38,7 +38,7 @@ def resolve_target(node: Any, key: str):
     if not isinstance(target, str) or not target:
         raise AmpganError(f"{key}: needs a _target_ (a dotted path such as mypkg.nets.Net), got {node!r}")
     try:
-        return locate(target)
+        return import_object(target)
     except Exception as err:  # noqa: BLE001 - the user's module: one line with its reason
         hint = "; put its package on PYTHONPATH or install it" if isinstance(err, ModuleNotFoundError) else ""
         raise AmpganError(f"{key}._target_={target}: cannot import it ({type(err).__name__}: "

@@ -3,7 +3,7 @@
 One module per stage: replay (the AMP run against its FP32 twin in lockstep), statistics,
 ranges (loss-scale range per layer), locate (first non-finite value), framework (the GP's
 second-order gradient vs finite differences), verdict (and candidate fixes), verify (fixes
-replayed and ranked; K-seed check), search (ddmin for a minimal FP32 keep-list), report;
+replayed and ranked; K-seed check), fp32_set_search (ddmin for a minimal FP32 keep-list), verdict_report;
 pipeline runs one diagnosis, command runs them all and logs the MLflow run.
 """
 

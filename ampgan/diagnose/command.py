@@ -22,11 +22,11 @@ from omegaconf import DictConfig, OmegaConf
 from ampgan import AmpganError
 from ampgan.config.schema import validate
 from ampgan.tasks import load_data
-from ampgan.diagnose import report
+from ampgan.diagnose import verdict_report as report
 from ampgan.diagnose.config import diagnose_settings
 from ampgan.diagnose.interventions import candidates, confirm, settles, table, unconfirmed
 from ampgan.diagnose.pipeline import Analysis, analyse, evidence_of, framework_check, reference_for
-from ampgan.diagnose.search import SearchResult, search_keep_list
+from ampgan.diagnose.fp32_set_search import SearchResult, search_keep_list
 from ampgan.diagnose.horizon import BLOCK, run_horizon
 from ampgan.diagnose.verdict import NO_AMP_FIX, Fix, Verdict
 from ampgan.training import checkpoint
@@ -110,7 +110,7 @@ def checkpoint_start(run_id: str, cfg: DictConfig, failed_at: int | None) -> Pat
 
     uri = cfg.tracking.uri
     try:
-        newest = checkpoint.locate(run_id, (lambda rid: run_folder_in_store(rid, uri)) if uri else None)
+        newest = checkpoint.find_checkpoint(run_id, (lambda rid: run_folder_in_store(rid, uri)) if uri else None)
     except AmpganError:
         return None
     if failed_at is None:

@@ -82,7 +82,7 @@ def _peaks(task, roots, net, inputs) -> list[tuple[str, float, bool, bool]]:
     return rec.seen
 
 
-def locate(task, fp32_task, roots, fp32_roots, ref_step, status, load_fp32_weights) -> Located:
+def first_nonfinite(task, fp32_task, roots, fp32_roots, ref_step, status, load_fp32_weights) -> Located:
     """Find the failing step's first bad value. `load_fp32_weights(values)` puts the step's weights
     into the FP32 twin (for its evidence values)."""
     net, inputs = ref_step.net, ref_step.inputs

@@ -12,7 +12,7 @@ from pathlib import Path
 from ampgan.config.schema import Settings
 from ampgan.data import Dataset
 from ampgan.diagnose.framework import FrameworkCheck, check_penalty_gradient, compare_modes
-from ampgan.diagnose.locate import Located, locate
+from ampgan.diagnose.locate import Located, first_nonfinite
 from ampgan.diagnose.ranges import ScaleFit, fit_scales
 from ampgan.diagnose.replay import (Reference, Trace, build_seeded, fp32_twin_settings, net_parameters,
                                     record_reference, replay_amp, roots)
@@ -74,7 +74,7 @@ def analyse(s: Settings, dcfg, data: Dataset, ref: Reference, modes: list[str], 
         if at is not None:
             rs, status = at
             load_weights(rs.weights)
-            located = locate(task, ref.task, roots(task), roots(ref.task), rs, status,
+            located = first_nonfinite(task, ref.task, roots(task), roots(ref.task), rs, status,
                              make_loader(net_parameters(ref.task)))
             progress(f"located: {located.describe()}")
     fits = {net: fit_scales(t.param_names, t.hist, dcfg.underflow_fraction) for net, t in synced.nets.items()}

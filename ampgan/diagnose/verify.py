@@ -42,7 +42,7 @@ from ampgan.tracking.tracker import NullTracker
 from ampgan.training.loop import Progress, run_steps
 from ampgan.tasks import task_class
 
-def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
+def with_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     """A fix's overrides on a copy of `cfg`, by Hydra's own rules: a group option (`scaler=dynamic`)
     is that option's node as Hydra composes it; any other override (`amp.keep_fp32=[head]`,
     `+model.net.width=8`) is applied as Hydra applies it to a composed config."""
@@ -108,7 +108,7 @@ def verify_fixes(cfg: DictConfig, dcfg, fixes: list[Fix], data: Dataset, cache: 
     for fix in fixes:
         progress(f"verify: {fix.text}")
         started = time.perf_counter()
-        s = validate(apply_overrides(cfg, fix.overrides))
+        s = validate(with_overrides(cfg, fix.overrides))
         try:
             n = steps or dcfg.steps
             ref = reference_for(s, data, n, progress, cache, start)
@@ -119,7 +119,7 @@ def verify_fixes(cfg: DictConfig, dcfg, fixes: list[Fix], data: Dataset, cache: 
                 own = run_horizon(s, data, length, dcfg, None, horizon.start, 0, progress,
                                   fp32=horizon.fp32 if same else None, judge_progress=length == horizon.amp.planned)
             a = analyse(s, dcfg, data, ref, ["synced"], progress, with_locate=False, horizon=own)
-            if (longer := settling_steps(a, n)) is not None:
+            if (longer := replay_settling_steps(a, n)) is not None:
                 progress(f"verify: {fix.text}: the scaler was still finding its scale after {n} steps; "
                          f"replaying {longer}")
                 ref = reference_for(s, data, longer, progress, cache, start)
@@ -147,7 +147,7 @@ def course_length(horizon: Horizon) -> int:
     return min(a.planned, 2 * (a.failed_at - a.start_step) + BLOCK)
 
 
-def settling_steps(a, steps: int) -> int | None:
+def replay_settling_steps(a, steps: int) -> int | None:
     """`statistics.settling_steps` of analysis `a`'s synced replay: None when every scaler settled."""
     return statistics.settling_steps([summarize_net(t) for t in a.synced.nets.values()], steps)
 
@@ -206,11 +206,11 @@ def _train(s: Settings, data: Dataset, steps: int) -> tuple[str, str, float]:
 
 
 def prove_seeds(cfg: DictConfig, dcfg, fix: Fix, data: Dataset, progress) -> Proof:
-    fixed_cfg = apply_overrides(cfg, fix.overrides)
+    fixed_cfg = with_overrides(cfg, fix.overrides)
     fp32, fixed = [], []
     objective, direction = "", ""
     for k in range(dcfg.seeds):
-        seeded = apply_overrides(fixed_cfg, [f"trainer.seed={k}"])
+        seeded = with_overrides(fixed_cfg, [f"trainer.seed={k}"])
         s = validate(seeded)
         progress(f"seeds: seed {k} ({dcfg.seed_steps} steps, FP32 and fix)")
         fp32.append(_train(fp32_twin_settings(s), data, dcfg.seed_steps)[2])

@@ -1,6 +1,6 @@
 """Pictures drawn with Pillow alone: scatter plots, image grids, strips of pictures over training.
 
-Charts (axes, legends) are matplotlib's, in `ampgan.reporting.report` (its heat map included).
+Charts (axes, legends) are matplotlib's, in `ampgan.reporting.sweep_report` (its heat map included).
 """
 
 from __future__ import annotations

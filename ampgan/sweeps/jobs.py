@@ -110,7 +110,7 @@ class Job:
     @property
     def objective(self) -> float | None:
         for run in self.runs:
-            from ampgan.reporting.report import objective_of
+            from ampgan.reporting.sweep_report import objective_of
 
             if run.info.status == "FINISHED" and (key := objective_of(run)):
                 return run.data.metrics[key]
@@ -212,8 +212,8 @@ def expand(config: DictConfig) -> list[list[str]]:
 
 def sweep_runs(sweep: Sweep) -> list:
     """The sweep's job runs, newest first (lost ones ended first; a sweep's parent run left out)."""
-    from ampgan.reporting.report import PARENT_TAG
-    from ampgan.tracking.sync import end_lost_runs
+    from ampgan.reporting.sweep_report import PARENT_TAG
+    from ampgan.tracking.store_sync import end_lost_runs
 
     client = sweep.client()
     exp = client.get_experiment_by_name(sweep.experiment)

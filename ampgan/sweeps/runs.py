@@ -122,7 +122,7 @@ class SweepRuns(Callback):
             return
         if tracking.backend != "mlflow":
             return
-        from ampgan.reporting.report import PARENT_TAG
+        from ampgan.reporting.sweep_report import PARENT_TAG
         from ampgan.tracking.tracker import (default_artifact_root, ensure_experiment, make_client, mlflow_value, this_process,
                                      write_atomic)
 
@@ -185,7 +185,7 @@ class SweepRuns(Callback):
             return
         parent_id, self.parent_id = self.parent_id, None
         atexit.unregister(self._end)
-        from ampgan.reporting.report import children_of, write_report
+        from ampgan.reporting.sweep_report import children_of, write_report
         from ampgan.tracking.tracker import log_points
 
         client = self.client

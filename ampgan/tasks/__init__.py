@@ -15,7 +15,7 @@ The model config names its task class (`model.task`), which carries the config's
 from __future__ import annotations
 
 from ampgan.config.schema import Settings
-from ampgan.config.targets import locate
+from ampgan.config.targets import import_object
 from ampgan.data import Dataset
 from ampgan.tasks.base import SAMPLES_OVER_TIME, NetState, TaskBase
 from ampgan.tasks.classifier import ClassifierTask
@@ -27,7 +27,7 @@ __all__ = ["SAMPLES_OVER_TIME", "ClassifierTask", "GanTask", "NetState", "TaskBa
 
 def task_class(s: Settings) -> type[TaskBase]:
     """The task class the model config names (`model.task`; validation has imported it)."""
-    return locate(s.model.task)
+    return import_object(s.model.task)
 
 
 def load_data(s: Settings) -> Dataset:

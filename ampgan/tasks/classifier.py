@@ -115,7 +115,7 @@ class ClassifierTask(TaskBase):
     def save_pictures(self, folder: Path) -> list[Path]:
         pred = self.logits(self.data.x_test).argmax(1)
         cm = confusion_matrix(pred, self.data.y_test, self.data.n_classes)
-        from ampgan.reporting.report import figure_png, heatmap_figure
+        from ampgan.reporting.sweep_report import figure_png, heatmap_figure
 
         labels = [str(k) for k in range(self.data.n_classes)]
         fig = heatmap_figure(cm, labels, labels, "confusion: rows true, columns predicted", "test examples",

@@ -337,7 +337,7 @@ def serve(setup: dict, lines, reply) -> int:
 
 
 def _start(setup: dict, run_name: str, params: dict, tags: dict) -> _HelperTracker:
-    from ampgan.tracking.sync import end_lost_runs
+    from ampgan.tracking.store_sync import end_lost_runs
 
     with frozen_imports():   # this process is the helper's own: MLflow's import and store stay frozen
         tracker = _HelperTracker(setup["uri"], setup["experiment"], setup["flush_every"],

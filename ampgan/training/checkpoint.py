@@ -11,7 +11,7 @@ names it. The previous set stays valid until the new one is complete; the newest
 
     path = save(task, run_dir / "checkpoints", step, keep=2, extra={"run_id": ...})
     host = load(task, path)          # before the task's compiled steps first run
-    path = locate("<run id | run folder | checkpoint path>", find_run)   # find_run: run id -> run folder
+    path = find_checkpoint("<run id | run folder | checkpoint path>", find_run)   # find_run: run id -> run folder
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def load(task, path: Path) -> dict:
     return host
 
 
-def locate(spec: str, find_run: Callable[[str], Path] | None = None) -> Path:
+def find_checkpoint(spec: str, find_run: Callable[[str], Path] | None = None) -> Path:
     """The checkpoint set named by `trainer.resume`: a run folder, a checkpoints folder, a checkpoint
     set folder, or a run id that `find_run` turns into its run folder (the tracking store's lookup,
     `ampgan.tracking.tracker.run_folder`: checkpoints know no store)."""

@@ -110,7 +110,7 @@ def build_run_tracker(s: Settings, run_dir: Path, resume: Path | None = None):
     the experiment's lost runs first. In process, that happens here, and a resumed run's journal
     reaches the store before it goes on.
     """
-    from ampgan.tracking.sync import end_lost_runs, sync_folder
+    from ampgan.tracking.store_sync import end_lost_runs, sync_folder
     from ampgan.tracking.tracker import build_tracker, store_failure
     from ampgan.tracking.helper import BackgroundTracker
     from ampgan.tracking.tracker import NullTracker
@@ -189,10 +189,10 @@ def _resume_point(s: Settings) -> Path | None:
 
     if s.trainer.resume:
         if s.tracking.backend != "mlflow":
-            return checkpoint.locate(s.trainer.resume)
+            return checkpoint.find_checkpoint(s.trainer.resume)
         from ampgan.tracking.tracker import run_folder_in_store
 
-        return checkpoint.locate(s.trainer.resume, lambda run_id: run_folder_in_store(run_id, s.tracking.uri))
+        return checkpoint.find_checkpoint(s.trainer.resume, lambda run_id: run_folder_in_store(run_id, s.tracking.uri))
     if not (s.trainer.requeue and s.tracking.backend == "mlflow"):
         return None
     from ampgan.tracking.tracker import make_client

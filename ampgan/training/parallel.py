@@ -42,7 +42,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ampgan import AmpganError
-from ampgan.tracking.sync import running
+from ampgan.tracking.store_sync import running
 
 log = logging.getLogger("ampgan")
 
@@ -129,13 +129,6 @@ def set_rank(rank_and_workers: tuple[int, int]) -> None:
     _rank = rank_and_workers
 
 
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-# ---------------------------------------------------------------- the job's own process
 def launch(cfg, settings, run_dir: Path | None = None, resume: Path | None = None) -> float:
     """Run the job on `hardware.workers` ranks through msrun; the objective rank 0 returned.
 
@@ -376,7 +369,7 @@ def _end_run(settings, run_folder: Path, reason: str) -> str:
 
     if settings.tracking.backend != "mlflow" or not (run_folder / RUN_RECORD).exists():
         return ""
-    from ampgan.tracking.sync import sync_folder
+    from ampgan.tracking.store_sync import sync_folder
 
     result = sync_folder(run_folder)
     client = make_client(json.loads((run_folder / RUN_RECORD).read_text())["uri"])

@@ -19,6 +19,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ampgan import AmpganError, report_error
+from ampgan.tracking.tracker import write_atomic
 from ampgan.training import parallel
 from ampgan.training.entry import train
 from ampgan.training.loop import STOP, exit_code
@@ -67,7 +68,7 @@ def run_rank(job: Path, spec) -> int:
     try:
         objective = train(spec.config, run_dir)
         if r == 0:
-            parallel.write_atomic(job / "result.json", json.dumps({"objective": objective}))
+            write_atomic(job / "result.json", json.dumps({"objective": objective}))
     except AmpganError as err:
         error = str(err)
         code = report_error(err)
@@ -77,7 +78,7 @@ def run_rank(job: Path, spec) -> int:
         error, code = f"{type(err).__name__}: {err}", 1
         raise
     finally:
-        parallel.write_atomic(job / f"rank-{r}.exit", json.dumps({"code": code, "error": error}))
+        write_atomic(job / f"rank-{r}.exit", json.dumps({"code": code, "error": error}))
     return code
 
 

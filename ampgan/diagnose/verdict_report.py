@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ampgan.diagnose.statistics import LAYER_COLUMNS, heat, heat_iterations
-from ampgan.reporting.report import figure_png
+from ampgan.reporting.sweep_report import figure_png
 
 
 def worst_layers(rows: list[dict], n: int = 5) -> list[dict]:
@@ -58,7 +58,7 @@ def terminal(result) -> str:
     return "\n".join(lines)
 
 
-def markdown(result) -> str:
+def verdict_markdown(result) -> str:
     out = [f"# diagnose: {result.verdict.name}", "", terminal(result).replace("\n", "  \n"), "",
            "## per layer", "", "| " + " | ".join(LAYER_COLUMNS) + " |", "|" + "---|" * len(LAYER_COLUMNS)]
     for r in result.rows:
@@ -83,8 +83,8 @@ def heat_tables(result) -> dict[str, tuple[list[str], list[int], np.ndarray]]:
 
 
 def heat_figures(result, tables: dict | None = None) -> dict:
-    """stem -> matplotlib Figure, drawn with the sweep report's helper (`ampgan.reporting.report.heatmap_figure`)."""
-    from ampgan.reporting.report import heatmap_figure
+    """stem -> matplotlib Figure, drawn with the sweep report's helper (`ampgan.reporting.sweep_report.heatmap_figure`)."""
+    from ampgan.reporting.sweep_report import heatmap_figure
 
     figs = {}
     for stem, (names, steps, matrix) in (tables or heat_tables(result)).items():
@@ -107,8 +107,8 @@ def heat_csv(tables: dict) -> str:
 
 
 def html(result, pngs: dict[str, bytes]) -> str:
-    """The report page: terminal report, per-layer table, heat maps (`ampgan.reporting.report.html_page`)."""
-    from ampgan.reporting.report import html_page
+    """The report page: terminal report, per-layer table, heat maps (`ampgan.reporting.sweep_report.html_page`)."""
+    from ampgan.reporting.sweep_report import html_page
 
     s, v = result.analysis.settings, result.verdict
     title = f"diagnose: {v.name} ({s.model.name}, {s.data_name}, amp {s.amp.level}, scaler {s.scaler.name})"
@@ -127,7 +127,7 @@ def write_files(result, folder: Path) -> tuple[list[Path], dict]:
         writer.writeheader()
         writer.writerows(result.rows)
     md = folder / "report.md"
-    md.write_text(markdown(result))
+    md.write_text(verdict_markdown(result))
     tables = heat_tables(result)
     heat_path = folder / "heatmap.csv"
     heat_path.write_text(heat_csv(tables))

@@ -22,7 +22,7 @@ from ampgan.data import Dataset
 from ampgan.diagnose.locate import cell_paths
 from ampgan.diagnose.pipeline import analyse, reference_for
 from ampgan.diagnose.replay import build_seeded, fp32_twin_settings, roots
-from ampgan.diagnose.verify import apply_overrides
+from ampgan.diagnose.verify import with_overrides
 
 
 def candidate_cells(task) -> list[str]:
@@ -87,7 +87,7 @@ def search_keep_list(cfg: DictConfig, dcfg, data: Dataset, cache: dict, progress
     def passes(keep: list[str]) -> bool:
         key = tuple(sorted(keep))
         if key not in seen:
-            s2 = validate(apply_overrides(cfg, [f"amp.keep_fp32=[{','.join(keep)}]"]))
+            s2 = validate(with_overrides(cfg, [f"amp.keep_fp32=[{','.join(keep)}]"]))
             ref = reference_for(s2, data, dcfg.search_steps, lambda m: None, cache, start)
             verdict = analyse(s2, dcfg, data, ref, ["synced"], lambda m: None, with_locate=False).verdict.name
             seen[key] = verdict == "healthy"
