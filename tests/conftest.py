@@ -51,3 +51,26 @@ def run_cli(*args: str, outputs: Path, timeout: int = 600) -> subprocess.Complet
     env = {**os.environ, "AMPGAN_OUTPUTS": str(outputs), "GLOG_v": "3"}
     return subprocess.run([sys.executable, "-m", "ampgan.train", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def count_launches(step) -> dict[str, int]:
+    """A test double around an ampgan `Step`: counts which variant each launch ran, from outside
+    (the measuring `fn` or the plain one, also when the plain one is built later); the counts."""
+    counts = {"measured": 0, "plain": 0}
+
+    def counted(fn, kind):
+        def launch(*inputs):
+            counts[kind] += 1
+            return fn(*inputs)
+        return launch
+
+    single = step.plain is step.fn
+    step.fn = counted(step.fn, "measured")
+    if single:
+        step.plain = step.fn
+    elif step.plain is not None:
+        step.plain = counted(step.plain, "plain")
+    else:
+        build = step.build_plain
+        step.build_plain = lambda: counted(build(), "plain")
+    return counts

@@ -26,7 +26,7 @@ from ampgan.training import hardware
 from ampgan.training.entry import train
 from ampgan.tracking.tracker import NullTracker
 from ampgan.training.loop import NEXT_COMMAND_TAG, WARNING_TAG, Progress, run_steps, warning_reason
-from tests.conftest import all_runs, compose_cfg
+from tests.conftest import all_runs, compose_cfg, count_launches
 
 GAN = ["model=wgan_gp", "data=gaussians8", "trainer=smoke", "model.hidden=32", "model.n_critic=1"]
 SMALL_GAN = [*GAN, "model.depth=1", "model.hidden=16"]   # quicker to compile
@@ -61,9 +61,13 @@ class LoudNet(nn.Cell):
 
 
 def build(*overrides: str):
+    """The task `overrides` configure; each step's `launches`: which variant ran (`count_launches`)."""
     s = validate(compose_cfg(*overrides, "tracking=none", "trainer.eval_every=0"))
     hardware.setup(s.hardware, s.trainer.seed)
-    return s, build_task(s, build_dataset(s.data))
+    task = build_task(s, build_dataset(s.data))
+    for state in task.states():
+        state.step.launches = count_launches(state.step)
+    return s, task
 
 
 class Recorder(NullTracker):

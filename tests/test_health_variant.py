@@ -18,7 +18,7 @@ from ampgan.steps.gan import CRITIC_LOSSES, GENERATOR_LOSSES
 from ampgan.tasks import build_task
 from ampgan.tracking.tracker import NullTracker
 from ampgan.training.loop import Progress, run_steps
-from tests.conftest import compose_cfg
+from tests.conftest import compose_cfg, count_launches
 
 GAN = ["model=wgan_gp", "data=gaussians8", "trainer=smoke", "model.hidden=32", "model.n_critic=2"]
 CLASSIFIER = ["model=classifier", "data=digits", "trainer=smoke"]
@@ -26,9 +26,13 @@ HEALTH = ("underflow", "zero", "max_abs_scaled_grad", "nonfinite")
 
 
 def build(*overrides: str):
+    """The task `overrides` configure; each step's `launches`: which variant ran (`count_launches`)."""
     s = validate(compose_cfg(*overrides, "tracking=none", "trainer.eval_every=0"))
     hardware.setup(s.hardware, s.trainer.seed)
-    return s, build_task(s, build_dataset(s.data))
+    task = build_task(s, build_dataset(s.data))
+    for state in task.states():
+        state.step.launches = count_launches(state.step)
+    return s, task
 
 
 def is_health(key: str) -> bool:

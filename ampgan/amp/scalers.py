@@ -161,7 +161,6 @@ class UnderflowAwareScaler(DynamicScaler):
         self.hist_pos = Parameter(Tensor(0, ms.int32), name=f"{prefix}.hist_pos", requires_grad=False)
         self.since_raise = Parameter(Tensor(cfg.probation + cfg.min_interval, ms.int32), name=f"{prefix}.since_raise", requires_grad=False)
         self.cooldown_left = Parameter(Tensor(0, ms.int32), name=f"{prefix}.cooldown", requires_grad=False)
-        self.early_raises = Parameter(Tensor(0, ms.int32), name=f"{prefix}.early_raises", requires_grad=False)
         self.history = cfg.history
         self.threshold = cfg.underflow_threshold
         self.margin = cfg.headroom_margin
@@ -205,7 +204,6 @@ class UnderflowAwareScaler(DynamicScaler):
         ops.assign(self.hist_pos, (self.hist_pos + finite.astype(ms.int32)) % self.history)
         ops.assign(self.since_raise, ops.select(early, ops.ones((), ms.int32), ops.minimum(self.since_raise + 1, 1 << 30)))
         ops.assign(self.cooldown_left, cooldown)
-        ops.assign(self.early_raises, self.early_raises + early.astype(ms.int32))
         return finite
 
 

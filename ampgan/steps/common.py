@@ -126,7 +126,6 @@ class Step:
 
     def __post_init__(self):
         self.plain: Callable | None = self.fn if self.build_plain is None else None  # None: not built yet
-        self.launches = {"measured": 0, "plain": 0}  # which variant ran, launch by launch
 
     @property
     def param_names(self) -> tuple[str, ...]:
@@ -149,12 +148,10 @@ class Step:
         """Run the step (measured, or plain when `measure` is False and a plain variant exists);
         return its packed status without waiting for it (MindSpore runs ahead)."""
         if self.measured(measure):
-            self.launches["measured"] += 1
             with self.peaks.watching() if self.peaks is not None else nullcontext():
                 return self.fn(*inputs)
         if self.plain is None:
             self.plain = self.build_plain()
-        self.launches["plain"] += 1
         return self.plain(*inputs)
 
     def __call__(self, *inputs) -> StepStatus:

@@ -67,7 +67,6 @@ def lend_graphs(task, s: Settings) -> bool:
         setattr(task, attr, getattr(pooled, attr))
     for state, pooled_state in zip(task.states(), pooled.states()):
         state.step = pooled_state.step
-        state.step.launches = {k: 0 for k in state.step.launches}
     return True
 
 
