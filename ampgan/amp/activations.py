@@ -35,16 +35,13 @@ from contextlib import contextmanager
 
 import mindspore as ms
 from mindspore import nn, ops
-from mindspore.train import amp as ms_amp
 
 from ampgan.amp.float16 import FP16_MAX
-from ampgan.amp.policy import KeepFP32, put_cell
+from ampgan.amp.cell_paths import child_path
+from ampgan.amp.policy import put_cell
 
 NOT_REACHED = -1.0   # a peak the step's forward passes never set (|y| >= 0 otherwise)
 
-# cells that only hold another cell for AMP (ampgan's FP32 keep-list wrapper, MindSpore's output casts,
-# private names in 2.10: if they go, their `_backbone` shows in the paths): transparent in cell paths
-_AMP_WRAPPERS = (KeepFP32, *(getattr(ms_amp, n) for n in ("_OutputTo16", "_OutputTo32") if hasattr(ms_amp, n)))
 
 
 def leaf_cells(net: nn.Cell, root: str = "") -> list[tuple[str, nn.Cell, list[tuple[nn.Cell, str]]]]:
@@ -58,11 +55,11 @@ def leaf_cells(net: nn.Cell, root: str = "") -> list[tuple[str, nn.Cell, list[tu
 
     def walk(cell: nn.Cell, path: str) -> None:
         for name, child in cell.name_cells().items():
-            child_path = path if isinstance(cell, _AMP_WRAPPERS) else ".".join(p for p in (path, name) if p)
+            below = child_path(cell, path, name)   # AMP wrappers are transparent (ampgan.amp.cell_paths)
             if child.name_cells():
-                walk(child, child_path)
+                walk(child, below)
             else:
-                found.setdefault(id(child), (child_path, child, []))[2].append((cell, name))
+                found.setdefault(id(child), (below, child, []))[2].append((cell, name))
 
     walk(net, root)
     return list(found.values())

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from ampgan.config.schema import validate
 from ampgan.data import Dataset
-from ampgan.diagnose.locate import cell_paths
+from ampgan.amp.cell_paths import cell_paths
 from ampgan.diagnose.pipeline import analyse, reference_for
 from ampgan.diagnose.replay import build_seeded, fp32_twin_settings, roots
 from ampgan.diagnose.verify import with_overrides

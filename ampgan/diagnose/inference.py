@@ -26,7 +26,8 @@ from ampgan.config.schema import Settings
 from ampgan.data import Dataset
 from ampgan.diagnose.horizon import Horizon, falls_short
 from ampgan.diagnose.locate import Located
-from ampgan.diagnose.oplocate import OpHit, cell_paths, first_bad_op, is_wrapper, record_ops
+from ampgan.amp.cell_paths import cell_paths, is_wrapper
+from ampgan.diagnose.oplocate import OpHit, first_bad_op, record_ops
 from ampgan.diagnose.probe import make_loader
 from ampgan.diagnose.replay import build_seeded, fp32_twin_settings, net_parameters, snapshot
 

@@ -30,7 +30,8 @@ from mindspore import nn
 
 from ampgan.amp.float16 import FP16_MAX
 from ampgan.amp.health import HEALTH_FIELDS
-from ampgan.diagnose.oplocate import CellHooks, OpHit, cell_paths, is_wrapper, locate_op, peak_and_nonfinite, tensors
+from ampgan.amp.cell_paths import cell_paths, is_wrapper
+from ampgan.diagnose.oplocate import CellHooks, OpHit, locate_op, peak_and_nonfinite, tensors
 from ampgan.diagnose.probe import make_inner_gradient_probe
 
 

@@ -58,13 +58,11 @@ from mindspore import mint, nn, ops
 from mindspore.common import _tensor_cpp_method
 from mindspore.ops import functional as ms_functional
 from mindspore.ops.primitive import Primitive
-from mindspore.train.amp import _OutputTo16, _OutputTo32
 
 from ampgan.amp.float16 import FP16_MAX
-from ampgan.amp.policy import KeepFP32
+from ampgan.amp.cell_paths import cell_paths, is_wrapper
 
 # wrappers whose one child is the cell a keep-list names: (wrapper class, the child's attribute)
-_TRANSPARENT = ((KeepFP32, "cell"), (_OutputTo16, "_backbone"), (_OutputTo32, "_backbone"))
 _MS_DIR = os.path.dirname(ms.__file__) + os.sep
 _AMPGAN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # frames that are never the user's source line: MindSpore, ampgan's AMP wrappers, diagnose's own hooks
@@ -88,32 +86,6 @@ _TENSOR_OPERATORS = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "_
                      "__rtruediv__", "__matmul__", "__rmatmul__", "__pow__", "__rpow__", "__neg__", "__abs__",
                      "__mod__", "__rmod__", "__floordiv__", "__rfloordiv__", "__getitem__", "astype", "swapaxes",
                      "softmax", "norm")
-
-
-def cell_paths(roots: dict[str, nn.Cell]) -> dict[int, str]:
-    """id(cell) -> its keep-list path (`critic.score.0`, `head`); the roots themselves are left out.
-
-    AMP's wrappers are transparent: ampgan's `KeepFP32` and MindSpore's O2 `_OutputTo16` /
-    `_OutputTo32` (a black-listed LayerNorm is `blocks.0.norm1`, as in the FP32 twin, not
-    `blocks.0.norm1._backbone`): the wrapped cell takes the wrapper's path."""
-    out: dict[int, str] = {}
-    for root, net in roots.items():
-        named = dict(net.cells_and_names())
-        for name, cell in named.items():
-            if id(cell) in out or not name:
-                continue
-            parts = name.split(".")
-            local = ".".join(part for i, part in enumerate(parts)
-                             if not any(part == attr and isinstance(named.get(".".join(parts[:i])), wrapper)
-                                        for wrapper, attr in _TRANSPARENT))
-            if local:
-                out[id(cell)] = ".".join(p for p in (root, local) if p)
-    return out
-
-
-def is_wrapper(cell: nn.Cell) -> bool:
-    """An AMP wrapper (its child takes its path)."""
-    return isinstance(cell, tuple(wrapper for wrapper, _ in _TRANSPARENT))
 
 
 class CellHooks:
