@@ -267,10 +267,9 @@ def publish(result: Result, cfg: DictConfig, s, diagnosed: str | None, run_dir: 
                    "diagnose/replay_seconds": result.synced.seconds,
                    "diagnose/interventions": float(len(result.interventions or [])),
                    "diagnose/interventions_removing": float(sum(r["removes_failure"] for r in result.interventions or []))}
-        for net, t in result.synced.nets.items():
-            from ampgan.diagnose.statistics import summarize_net
+        from ampgan.diagnose.statistics import summaries
 
-            x = summarize_net(t)
+        for net, x in summaries(result.synced).items():
             metrics.update({f"diagnose/{net}/rel_err_median": x.rel_err_median, f"diagnose/{net}/nonfinite": x.nonfinite,
                             f"diagnose/{net}/lost_norm_max": x.lost_norm_max, f"diagnose/{net}/skipped": x.skipped})
         tracker.log_metrics(metrics, 0)

@@ -18,7 +18,7 @@ from ampgan.diagnose.replay import (Reference, Trace, build_seeded, fp32_twin_se
                                     record_reference, replay_amp, roots)
 from ampgan.diagnose.horizon import Horizon
 from ampgan.diagnose.inference import Inference, check_inference
-from ampgan.diagnose.statistics import layer_rows, net_rel_err, summarize_net
+from ampgan.diagnose.statistics import layer_rows, net_rel_err, summaries
 from ampgan.diagnose.interventions import Evidence
 from ampgan.diagnose.verdict import Verdict, cell_of, decide, net_roots, skips_nonfinite
 from ampgan.diagnose.probe import make_loader
@@ -94,7 +94,7 @@ def failure_step(synced: Trace, s: Settings, dcfg):
     step may be finding its scale, or meeting an overflow no scale ends: the interventions tell);
     None when no step was bad."""
     skips = skips_nonfinite(s)
-    failing = {n: x for n, t in synced.nets.items() if (x := summarize_net(t)).failing(skips, dcfg.skip_tol)}
+    failing = {n: x for n, x in summaries(synced).items() if x.failing(skips, dcfg.skip_tol)}
     if not failing:
         return synced.bad[0] if synced.bad else None
     firsts = [(x.first_failure, n) for n, x in failing.items() if x.first_failure is not None]
@@ -118,7 +118,7 @@ def reference_for(s: Settings, data: Dataset, steps: int, progress, cache: dict,
 def evidence_of(a: Analysis) -> Evidence:
     """The plain facts the interventions stage reads (`interventions.Evidence`), from the analysis."""
     s, h, ref = a.settings, a.horizon, a.ref
-    sums = [summarize_net(t) for t in a.synced.nets.values()]
+    sums = list(summaries(a.synced).values())
     amp_first = min((x.first_failure for x in sums if x.first_failure is not None), default=None)
     in_replay = ref.failed_at is not None and (amp_first is None or ref.failed_at <= amp_first)
     fp32_fails = in_replay or (h is not None and h.fp32_fails_first())

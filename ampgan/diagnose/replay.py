@@ -202,6 +202,8 @@ class Trace:
     first_nonfinite: tuple[int, str, int] | None = None  # (iteration, net, index into ref.steps)
     bad: list = field(default_factory=list)   # (RefStep, StepStatus) of the bad sub-steps kept for locate
     iteration_seconds: list[float] = field(default_factory=list)  # wall time of each iteration (the first compiles)
+    # each net's summary (statistics.summaries), computed once the replay is done, with the sub-step count it saw
+    summary_cache: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 def replay_amp(s: Settings, data: Dataset, ref: Reference, modes: list[str],

@@ -85,6 +85,19 @@ def settling_steps(sums, steps: int) -> int | None:
     return None if halvings is None else steps + halvings + 2
 
 
+def summaries(trace: Trace) -> dict[str, NetSummary]:
+    """Each net's summary of a replay, computed once and kept on the trace (again only if its
+    record has changed since): the verdict, the checks, the command and the report all read these."""
+    out = {}
+    for name, t in trace.nets.items():
+        key = (tuple(t.finite), tuple(t.applied), tuple(t.scale), len(t.compare))
+        seen = trace.summary_cache.get(name)
+        if seen is None or seen[0] != key:
+            seen = trace.summary_cache[name] = (key, summarize_net(t))
+        out[name] = seen[1]
+    return out
+
+
 def summarize_net(t: NetTrace) -> NetSummary:
     ok = np.array(t.finite, bool)
     settled = int(np.argmax(ok)) if ok.any() else None

@@ -47,7 +47,7 @@ import numpy as np
 
 from ampgan.config.schema import Settings
 from ampgan.diagnose.ranges import ScaleFit, merge_fits
-from ampgan.diagnose.statistics import layer_rows, settling_steps, summarize_net
+from ampgan.diagnose.statistics import layer_rows, settling_steps, summaries
 
 NO_AMP_FIX = ("healthy", "not_amp", "framework", "not_reproduced", "unexplained")   # verdicts that offer no float16 fix to search for
 EXIT_CODES = {"healthy": 0, "not_amp": 3, "not_reproduced": 4, "unexplained": 5}   # every other verdict: 1 (an AMP
@@ -136,7 +136,7 @@ def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=N
     `horizon`: horizon.Horizon or None (off: what the run does beyond the replay is unknown);
     `run_failed_at`: a diagnosed run's first failing step from its logged history;
     `inference`: inference.Inference (the run trails FP32: its evaluation checked) or None."""
-    sums = {n: summarize_net(t) for n, t in synced.nets.items()}
+    sums = summaries(synced)
     rows = layer_rows(synced, fits)
     roots = net_roots(synced)
     ev = [f"{n}: relative gradient error median {x.rel_err_median:.3g} (max {x.rel_err_max:.3g}); "

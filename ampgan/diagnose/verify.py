@@ -36,7 +36,7 @@ from ampgan.diagnose.horizon import BLOCK, Horizon, run_horizon
 from ampgan.diagnose.pipeline import analyse, reference_for
 from ampgan.diagnose.replay import build_seeded, fp32_twin_settings
 from ampgan.diagnose import statistics
-from ampgan.diagnose.statistics import summarize_net
+from ampgan.diagnose.statistics import summaries
 from ampgan.diagnose.verdict import Fix
 from ampgan.tracking.tracker import NullTracker
 from ampgan.training.loop import Progress, run_steps
@@ -128,7 +128,7 @@ def verify_fixes(cfg: DictConfig, dcfg, fixes: list[Fix], data: Dataset, cache: 
             progress(f"verify: {fix.text} cannot start from {start}: {err}")
             out.append(Checked(fix, "unverifiable", float("nan"), 0, 0.0, time.perf_counter() - started))
             continue
-        sums = [summarize_net(t) for t in a.synced.nets.values()]
+        sums = list(summaries(a.synced).values())
         rel = max(x.rel_err_median for x in sums)
         removes = None if own is None else own.amp.failed_at is None and not own.amp.timed_out and not own.amp_trails(dcfg)
         out.append(Checked(fix, a.verdict.name, rel, sum(x.nonfinite for x in sums), kept_share(a),
@@ -149,7 +149,7 @@ def course_length(horizon: Horizon) -> int:
 
 def replay_settling_steps(a, steps: int) -> int | None:
     """`statistics.settling_steps` of analysis `a`'s synced replay: None when every scaler settled."""
-    return statistics.settling_steps([summarize_net(t) for t in a.synced.nets.values()], steps)
+    return statistics.settling_steps(list(summaries(a.synced).values()), steps)
 
 
 def kept_share(a) -> float:
