@@ -12,6 +12,7 @@ import math
 import signal
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from ampgan.amp.float16 import FP16_MAX
@@ -47,37 +48,30 @@ def run_steps(task, tracker, cfg, run_dir: Path, steps: range, progress: Progres
     health. Every fetch is checked for the run's one warning (`warn_once`).
     """
     step = steps.start - 1
-    opened = not progress.past_first  # this loop starts the run (a continued loop, the bench's blocks, does not)
+    cadence = Cadence(cfg, first_step=steps.start, opens=not progress.past_first)
     try:
         for step in steps:
             started = time.perf_counter()
-            first = opened and step == steps.start
-            early = opened and steps.start == 1 and step == 2   # a new run's first measured step: training's start
-            last = step == cfg.max_steps
-            log_now = step % cfg.log_every == 0 or first or early
-            print_now = progress.due(step) or first
-            layers_now = bool(cfg.layer_health_every) and (step % cfg.layer_health_every == 0 or early or last)
-            save_now = bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0 and step < cfg.max_steps
-            measure = step % cfg.log_every == 0 or layers_now or early or last
-            task.train_step(step, measure=measure)  # launched; status fetched only when needed
-            if log_now or print_now or layers_now or save_now or STOP.requested:
+            now = cadence.at(step, print_due=progress.due(step))
+            task.train_step(step, measure=now.measure)  # launched; status fetched only when needed
+            if now.fetch or STOP.requested:
                 metrics = log_pending(task, tracker, cfg, progress)
-                if first:  # the first step compiles the graphs
+                if now.first:  # the first step compiles the graphs
                     tracker.log_metrics({"startup/first_step_s": time.perf_counter() - started}, 0)
                     tracker.first_step_done()   # what the tracker held back for the compile may start
-                if layers_now:
+                if now.layers:
                     tracker.log_metrics(task.layer_health(), step)
-                if print_now:
+                if now.status_line:
                     log.info(progress.line(step, metrics))
                 if task.nonfinite_run() >= cfg.max_nonfinite_steps:
                     log.warning(f"step {step}: losses non-finite for {task.nonfinite_run()} steps in a row; stopping (diverged)")
                     return step, "diverged"
-            if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
+            if now.evaluate:
                 evaluation = task.evaluate()
                 tracker.log_metrics(evaluation, step)
                 log_eval_picture(task, tracker, run_dir, step)
                 log.info(f"eval at step {step}: {_fmt(evaluation)}")
-            if save_now or STOP.requested:
+            if now.save or STOP.requested:
                 save_checkpoint(task, tracker, cfg, run_dir, step)
             STOP.check()
     finally:
@@ -86,6 +80,51 @@ def run_steps(task, tracker, cfg, run_dir: Path, steps: range, progress: Progres
         except Exception as err:  # noqa: BLE001 - a broken runtime must not hide the original error
             log.warning(f"could not fetch the last step statuses: {type(err).__name__}: {err}")
     return step, "completed"
+
+
+@dataclass(frozen=True)
+class Moment:
+    """What the loop does at one step (`Cadence.at`)."""
+
+    first: bool      # the run's first step: its status line times the compile
+    measure: bool    # run the measuring variant (gradient health, activation peaks)
+    log: bool        # fetch and log the statuses
+    status_line: bool   # the status line
+    layers: bool     # per-layer health
+    save: bool       # a checkpoint (the last step's comes from `finish`)
+    evaluate: bool   # an evaluation (the last step's comes from `finish`)
+
+    @property
+    def fetch(self) -> bool:
+        """The pending statuses are fetched at this step."""
+        return self.log or self.status_line or self.layers or self.save
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """At which steps the loop measures, logs, prints, checkpoints and evaluates (one schedule).
+
+    `cfg`: the TrainerConfig. `first_step`: the loop's first step; `opens`: the loop starts the run
+    (a resumed run's loop starts it too; the bench's later blocks do not). A new run's second step
+    stands for the start of training: it is measured, logged and gets per-layer health. Its first
+    step runs the plain variant (the measuring one compiles at the second step, after the first
+    step's status line). The run's last step is measured and gets per-layer health."""
+
+    cfg: object
+    first_step: int = 1
+    opens: bool = True
+
+    def at(self, step: int, print_due: bool = False) -> Moment:
+        cfg = self.cfg
+        first = self.opens and step == self.first_step
+        early = self.opens and self.first_step == 1 and step == 2
+        last = step == cfg.max_steps
+        logged = step % cfg.log_every == 0
+        layers = bool(cfg.layer_health_every) and (step % cfg.layer_health_every == 0 or early or last)
+        return Moment(first=first, measure=logged or layers or early or last, log=logged or first or early,
+                      status_line=print_due or first, layers=layers,
+                      save=bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0 and step < cfg.max_steps,
+                      evaluate=bool(cfg.eval_every) and step % cfg.eval_every == 0 and step < cfg.max_steps)
 
 
 def log_pending(task, tracker, cfg=None, progress: Progress | None = None) -> dict[str, float]:
