@@ -49,6 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from hydra import compose, initialize_config_dir
 
 from ampgan import report_error
@@ -81,6 +82,7 @@ HOST_ROUNDS = 10   # about this many rounds (at least) also time a synced host b
 # The issue's targets: the most a feature (or ampgan itself) may cost, as a ratio over its baseline.
 TARGET_AMPGAN_VS_BARE = 1.02
 TARGET_HEALTH = 1.03
+TARGET_MODEL_CELL = 1.03    # ampgan's step cell under Model.train against MindSpore's TrainOneStepCell
 TARGET_HEADROOM = 1.03      # activation headroom on top of gradient health, at the default cadence
 TARGET_TRACKING = 1.02
 TARGET_HOST_US = 100.0     # host time per iteration beyond the bare loop's, in µs, on every model
@@ -251,6 +253,44 @@ class BareRunner:
     def close(self) -> None: ...
 
 
+class ModelTrainRunner:
+    """MindSpore's own `Model.train` on one net and the digits, as a user's script runs it: with
+    ampgan's train-step cell (`api.train_step`, a static scale, its defaults otherwise: gradient
+    health every 10th step), or with MindSpore's `TrainOneStepCell` and the same fixed scale
+    (`FixedLossScaleManager(drop_overflow_update=False)`, the manager CPU's `Model` accepts).
+    A block is one `model.train(1, ...)` over that many batches, with no callback."""
+
+    SCALE = 1024.0
+
+    def __init__(self, ampgan_cell: bool, device: str, batch_size: int = 64):
+        import mindspore as ms
+        import mindspore.dataset as mds
+        from mindspore import nn
+        from mindspore.train import FixedLossScaleManager, Model
+        from sklearn.datasets import load_digits
+
+        from ampgan import api
+
+        ms.set_device(device)
+        ms.set_seed(0)
+        d = load_digits()
+        x, y = (d.images.reshape(-1, 64) / 16.0).astype(np.float32), d.target.astype(np.int32)
+        self._dataset = lambda n: mds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(batch_size).repeat().take(n)
+        net = nn.SequentialCell([nn.Dense(64, 256), nn.ReLU(), nn.Dense(256, 256), nn.ReLU(), nn.Dense(256, 10)])
+        loss, opt = nn.CrossEntropyLoss(), nn.Adam(net.trainable_params(), learning_rate=1e-3)
+        if ampgan_cell:
+            self.model = Model(api.train_step(nn.WithLossCell(net, loss), opt, amp="O2", scaler="static",
+                                              init_scale=self.SCALE))
+        else:
+            self.model = Model(net, loss, opt, amp_level="O2",
+                               loss_scale_manager=FixedLossScaleManager(self.SCALE, drop_overflow_update=False))
+
+    def run(self, iterations: int) -> None:
+        self.model.train(1, self._dataset(iterations), dataset_sink_mode=False)
+
+    def close(self) -> None: ...
+
+
 @dataclass
 class Comparison:
     name: str
@@ -335,6 +375,11 @@ def _comparisons(store: str, device: str, quick: bool):
         overrides = model + O2_DYNAMIC
         yield Comparison(name, {"bare": lambda o=overrides: BareRunner(o, device), "ampgan": lambda o=overrides: amp(o + LIKE_BARE)},
                          "bare", max(1, round(short * relative)), target=TARGET_AMPGAN_VS_BARE, rounds=HEADLINE_ROUNDS)
+    yield Comparison("ampgan's step cell vs MindSpore's TrainOneStepCell under Model.train (MLP on digits, O2, "
+                     "fixed scale 1024)",
+                     {"TrainOneStepCell": lambda: ModelTrainRunner(False, device),
+                      "ampgan cell": lambda: ModelTrainRunner(True, device)},
+                     "TrainOneStepCell", 4 * it, target=TARGET_MODEL_CELL, rounds=HEADLINE_ROUNDS)
     yield Comparison("calibration: one loop against its twin (WGAN-GP O2 dynamic, health off, no tracking)",
                      {"a": lambda: amp(o2 + LIKE_BARE), "b": lambda: amp(o2 + LIKE_BARE)}, "a", short,
                      rounds=HEADLINE_ROUNDS)  # the same work twice: how far from 1.00 the bench reads it
