@@ -30,11 +30,15 @@ from ampgan.models import Critic, Generator
 FETCH_EVERY = 100  # iterations between two loss fetches (a hand-written loop's occasional print)
 
 
-def train_step(loss_fn: Callable, weights, optimizer, scaler: amp.DynamicLossScaler) -> Callable:
+def train_step(loss_fn: Callable, weights, optimizer, scaler: amp.DynamicLossScaler, reports: bool = False) -> Callable:
     """`loss_fn(*inputs) -> loss` as a jitted step -> loss, the step of MindSpore's AMP tutorial:
-    backward of the scaled loss, unscale, update (and grow the scale) only when every gradient is finite."""
+    backward of the scaled loss, unscale, update (and grow the scale) only when every gradient is finite.
+    `reports`: `loss_fn` returns (loss, report) and the step returns the report (e.g. loss and accuracy)."""
 
     def scaled_loss(*inputs):
+        if reports:
+            loss, report = loss_fn(*inputs)
+            return scaler.scale(loss), report
         loss = loss_fn(*inputs)
         return scaler.scale(loss), loss
 
@@ -132,9 +136,12 @@ class BareClassifier:
 
         def loss_fn(x, y):  # logits (batch, classes), or (batch, seq, vocab) for a language model
             logits = net(x).astype(ms.float32)
-            return ops.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+            loss = ops.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+            # the batch accuracy, as a loop that reports its training accuracy computes it (ampgan's
+            # classifier step reports loss and accuracy every step: the same work on both sides)
+            return loss, ops.stack([loss, (logits.argmax(-1) == y).astype(ms.float32).mean()])
 
-        self.step = train_step(loss_fn, net.trainable_params(), optimizer, scaler)
+        self.step = train_step(loss_fn, net.trainable_params(), optimizer, scaler, reports=True)
         self.x, self.y = x_train, y_train
         self.batches = batch_indices(len(x_train), batch_size, np.random.default_rng(seed))
         self.iteration = 0

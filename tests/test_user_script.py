@@ -192,3 +192,54 @@ def test_bad_use_is_one_clear_error_and_no_run_is_left_running(outputs):
     _, runs = all_runs(outputs)
     assert [r.info.status for r in runs] == ["FAILED"]   # the failed training's run; none RUNNING
     assert "ValueError: the user's callback broke" in runs[0].data.tags["error"]
+
+
+# ---------------------------------------------------------------- the same run, two ways
+TRAJECTORY = ["model=classifier", "data=digits", "data.image_size=16", "model.net._target_=mindcv.create_model",
+              "+model.net.model_name=mobilenet_v1_025", "amp=o2", "scaler=dynamic", "trainer.max_steps=20",
+              "trainer.batch_size=32", "trainer.log_every=1", "trainer.eval_every=0", "trainer.layer_health_every=0",
+              "trainer.seed=0"]
+
+
+def test_a_mindcv_model_under_model_train_follows_ampgans_own_trainer_step_for_step(outputs, tmp_path):
+    """The same mindcv net, seed, batches, optimizer, O2 and dynamic scale: its losses under
+    `Model.train` with ampgan's cell and callback track `python -m ampgan.train`'s within float16's
+    tolerance, step for step."""
+    import mindcv
+    import mindspore.dataset as ds
+    from mindspore import mint
+
+    from ampgan.config.schema import validate
+    from ampgan.data import Batches, build_dataset
+    from ampgan.training.entry import train
+    from tests.conftest import compose_cfg
+
+    cfg = compose_cfg(*TRAJECTORY)
+    s = validate(cfg)
+    train(cfg, run_dir=tmp_path / "trainer")
+    client, runs = all_runs(outputs)
+    (trainer_run,) = runs
+    trainer_losses = [m.value for m in sorted(client.get_metric_history(trainer_run.info.run_id, "train/loss"),
+                                              key=lambda m: m.step)]
+
+    data = build_dataset(s.data)
+    batches = Batches(data.x_train, data.y_train, s.trainer.batch_size, s.trainer.seed)   # the trainer's own order
+    drawn = [batches.next() for _ in range(s.trainer.max_steps)]
+    x, y = np.concatenate([b[0] for b in drawn]), np.concatenate([b[1] for b in drawn])
+    dataset = ds.NumpySlicesDataset({"image": x, "label": y}, shuffle=False).batch(s.trainer.batch_size)
+
+    ms.set_seed(s.trainer.seed)
+    net = mindcv.create_model("mobilenet_v1_025", pretrained=False, num_classes=10, in_channels=1)
+    optimizer = mint.optim.Adam(net.trainable_params(), lr=s.model.lr, betas=tuple(s.model.betas))
+    step_cell = api.train_step(nn.WithLossCell(net, nn.CrossEntropyLoss()), optimizer, amp="O2", scaler="dynamic")
+    rec = Recorder()
+    callback = api.callback(log_every=1)
+    Model(step_cell).train(1, dataset, callbacks=[callback, rec], dataset_sink_mode=False)
+
+    script_losses = [r[0] for r in rec.rows]
+    assert len(script_losses) == len(trainer_losses) == 20
+    np.testing.assert_allclose(script_losses, trainer_losses, rtol=2e-2, atol=1e-3)   # float16's tolerance
+    assert np.mean(script_losses[-5:]) < np.mean(script_losses[:5])                    # and it learns
+    _, runs = all_runs(outputs)
+    (script_run,) = [r for r in runs if r.info.run_id == callback.run_id]
+    assert script_run.data.metrics["train/loss"] == pytest.approx(script_losses[-1], rel=1e-6)
