@@ -629,26 +629,34 @@ DOCS = Path(__file__).resolve().parents[1] / "docs" / "studies"
 START, END = "<!-- studies:start -->", "<!-- studies:end -->"
 
 
-def update_readme(readme: Path = README, docs: Path = DOCS) -> list[str]:
+def update_readme(readme: Path = README, docs: Path = DOCS, outputs: Path | None = None) -> list[str]:
     """Put each study's latest default-form section (outputs/studies/<name>/section.md) between the
-    README's markers and copy its charts to docs/studies/<name>/; the studies published."""
+    README's markers and copy its charts to docs/studies/<name>/; the studies published. A study
+    with no section in `outputs` keeps the section the README has for it (by its title)."""
+    import importlib
     import shutil
 
-    sections, done = [], []
-    for name in STUDIES:
-        folder = outputs_dir() / "studies" / name
-        if not (folder / "section.md").exists():
-            continue
-        (docs / name).mkdir(parents=True, exist_ok=True)
-        for png in folder.glob("*.png"):
-            shutil.copy(png, docs / name / png.name)
-        sections.append((folder / "section.md").read_text().strip())
-        done.append(name)
     text = readme.read_text()
     if START not in text or END not in text:
         raise AmpganError(f"{readme} has no {START} ... {END} block")
     head, rest = text.split(START, 1)
-    readme.write_text(head + START + "\n" + "\n\n".join(sections) + "\n" + END + rest.split(END, 1)[1])
+    block, tail = rest.split(END, 1)
+    # the README's sections by title: the block is "\n### <title>\n<body>" repeated
+    kept = {part.split("\n", 1)[0].strip(): "### " + part.strip() for part in block.split("\n### ") if part.strip()}
+    sections, done = [], []
+    for name in STUDIES:
+        folder = (outputs or outputs_dir()) / "studies" / name
+        if (folder / "section.md").exists():
+            (docs / name).mkdir(parents=True, exist_ok=True)
+            for png in folder.glob("*.png"):
+                shutil.copy(png, docs / name / png.name)
+            sections.append((folder / "section.md").read_text().strip())
+            done.append(name)
+            continue
+        title = importlib.import_module(f"experiments.{name}").STUDY.title
+        if title in kept:
+            sections.append(kept[title])
+    readme.write_text(head + START + "\n" + "\n\n".join(sections) + "\n" + END + tail)
     return done
 
 

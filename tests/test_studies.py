@@ -330,3 +330,21 @@ def test_quality_against_the_step_draws_each_configuration_from_its_seeds_histor
     assert list(lines["a-fp32"].get_xdata()) == [100, 200, 300]
     assert list(lines["a-fp32"].get_ydata()) == pytest.approx([0.105, 0.205, 0.305])   # the two seeds' mean
     assert len(ax.collections) == 2   # one min-max band per configuration
+
+
+def test_publishing_one_study_keeps_the_sections_of_the_others(tmp_path):
+    from experiments.study import END, START, update_readme
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{START}\n### WGAN-GP under AMP\nold wgan\n\n### Underflow for real\nold underflow text\n"
+                      f"more of it\n{END}\nafter\n")
+    fresh = tmp_path / "outputs" / "studies" / "wgan_amp"
+    fresh.mkdir(parents=True)
+    (fresh / "section.md").write_text("### WGAN-GP under AMP\nnew wgan\n")
+    (fresh / "chart.png").write_bytes(b"png")
+    assert update_readme(readme, tmp_path / "docs", tmp_path / "outputs") == ["wgan_amp"]
+    text = readme.read_text()
+    assert "new wgan" in text and "old wgan" not in text
+    assert "### Underflow for real\nold underflow text\nmore of it" in text      # kept as it was
+    assert text.startswith("intro\n") and text.endswith(f"{END}\nafter\n")
+    assert (tmp_path / "docs" / "wgan_amp" / "chart.png").read_bytes() == b"png"
