@@ -74,3 +74,28 @@ def count_launches(step) -> dict[str, int]:
         build = step.build_plain
         step.build_plain = lambda: counted(build(), "plain")
     return counts
+
+
+def functional_step(net, loss_fn, optimizer, loss_scaler):
+    """The user's own jitted step of a functional loop, as docs/own-script.md writes it: the scaled
+    loss's gradients, unscaled, the update only when every one is finite; -> (loss, finite, grads)."""
+    import mindspore as ms
+    from mindspore import amp
+
+    def forward(data, label):
+        loss = loss_fn(net(data), label)
+        return loss_scaler.scale(loss), loss
+
+    grad_fn = ms.value_and_grad(forward, None, optimizer.parameters, has_aux=True)
+
+    @ms.jit
+    def train_step(data, label):
+        (_, loss), grads = grad_fn(data, label)
+        grads = loss_scaler.unscale(grads)
+        finite = amp.all_finite(grads)
+        loss_scaler.adjust(finite)
+        if finite:
+            optimizer(grads)
+        return loss, finite, grads
+
+    return train_step

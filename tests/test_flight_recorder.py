@@ -15,7 +15,7 @@ from mindspore.train import Model
 
 from ampgan import AmpganError, api
 from ampgan_corpus.users.annealed_sharpening import AnnealedNet
-from tests.conftest import all_runs
+from tests.conftest import all_runs, functional_step
 
 GROWTH = 1.3   # the sharpening grows 30% a step: float16's logits pass 65504 after ~30 steps
 
@@ -137,27 +137,12 @@ def functional_until_it_fails(steps: int = 60, **settings):
     loss_fn = nn.CrossEntropyLoss()
     optimizer = adam(net.trainable_params())
     scaler = api.loss_scaler("dynamic")
-
-    def forward(xb, yb):
-        loss = loss_fn(net(xb), yb)
-        return scaler.scale(loss), loss
-
-    grad_fn = ms.value_and_grad(forward, None, optimizer.parameters, has_aux=True)
-
-    @ms.jit
-    def train_step(xb, yb):
-        (_, loss), grads = grad_fn(xb, yb)
-        grads = scaler.unscale(grads)
-        finite = ms_amp.all_finite(grads)
-        scaler.adjust(finite)
-        if finite:
-            optimizer(grads)
-        return loss, finite
+    train_step = functional_step(net, loss_fn, optimizer, scaler)
 
     with api.monitor(log_every=5, net=net, optimizer=optimizer, loss=loss_fn, amp="O2", **settings) as monitor:
         for i in range(steps):
             xb, yb = ms.Tensor(x[16 * i:16 * (i + 1)]), ms.Tensor(y[16 * i:16 * (i + 1)])
-            loss, finite = train_step(xb, yb)
+            loss, finite, _ = train_step(xb, yb)
             monitor.step(loss, finite, scaler, batch=(xb, yb))
     return monitor
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import amp as ms_amp
 from mindspore import nn
 from mindspore.train import Callback, LossMonitor, Model
 
 from ampgan import AmpganError, api
-from tests.conftest import all_runs, store_uri
+from tests.conftest import all_runs, functional_step, store_uri
 
 
 def digits(n: int, size: int = 8, batch: int = 32, bad: tuple[int, ...] = (), only: tuple[int, ...] | None = None):
@@ -117,24 +116,7 @@ def _functional(steps: int, monitor, fail_at: int | None = None):
     net = SmallNet()
     optimizer = nn.Adam(net.trainable_params(), learning_rate=0.01)
     loss_scaler = api.loss_scaler("dynamic", init_scale=2.0**10, window=50)
-    loss_fn = nn.CrossEntropyLoss()
-
-    def forward(xb, yb):
-        loss = loss_fn(net(xb), yb)
-        return loss_scaler.scale(loss), loss
-
-    grad_fn = ms.value_and_grad(forward, None, optimizer.parameters, has_aux=True)
-
-    @ms.jit
-    def train_step(xb, yb):
-        (_, loss), grads = grad_fn(xb, yb)
-        grads = loss_scaler.unscale(grads)
-        finite = ms_amp.all_finite(grads)
-        loss_scaler.adjust(finite)
-        if finite:
-            optimizer(grads)
-        return loss, finite, grads
-
+    train_step = functional_step(net, nn.CrossEntropyLoss(), optimizer, loss_scaler)
     for i in range(steps):
         if i == fail_at:
             raise RuntimeError("the user's loop broke")

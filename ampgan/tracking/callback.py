@@ -290,16 +290,22 @@ class AmpganCallback(_Callback):
             rec.keep(self._cell.state_tensors(), step)
             return
         self._recorder = None   # once per run: the first bad step is the one to diagnose
-        describe = {**describe_cell(self._cell), "failure": f"train/loss not finite at step {bad}",
-                    "run_id": self.run.run_id or ""}
-        folder = rec.write(self.run.folder, bad, describe)
-        self.recording = folder
-        self.run.tracker.set_tags({"ampgan.recording": str(folder), "ampgan.first_bad_step": str(bad)})
-        import sys
+        self.recording = record_failure(rec, bad, describe_cell(self._cell), self.run)
 
-        print(f"ampgan: step {bad}: the loss is not finite; the state after step {rec.step} and the "
-              f"{bad - rec.step} batch{'es' if bad - rec.step != 1 else ''} since are saved in {folder}. Diagnose from there: "
-              f"{diagnose_call(describe, folder)}", file=sys.stderr, flush=True)
+
+def record_failure(rec: FlightRecorder, bad: int, describe: dict, run) -> Path:
+    """The first non-finite loss at step `bad`: write the recording into the run's folder, tag the
+    run, and print the one line with the call that diagnoses it from there; the recording's folder."""
+    import sys
+
+    describe = {**describe, "failure": f"train/loss not finite at step {bad}", "run_id": run.run_id or ""}
+    folder = rec.write(run.folder, bad, describe)
+    run.tracker.set_tags({"ampgan.recording": str(folder), "ampgan.first_bad_step": str(bad)})
+    since = bad - rec.step
+    print(f"ampgan: step {bad}: the loss is not finite; the state after step {rec.step} and the {since} "
+          f"batch{'es' if since != 1 else ''} since are saved in {folder}. Diagnose from there: "
+          f"{diagnose_call(describe, folder)}", file=sys.stderr, flush=True)
+    return folder
 
 
 class _NotOverflow:
@@ -459,13 +465,7 @@ class Monitor:
             print(f"ampgan: step {bad}: the loss is not finite at the first step; diagnose from the start: "
                   f"ampgan.api.diagnose({qualname(s['net']).rsplit('.', 1)[-1]}, ...)", file=sys.stderr, flush=True)
             return
-        describe = {**self._describe(), "failure": f"train/loss not finite at step {bad}", "run_id": self.run.run_id or ""}
-        folder = rec.write(self.run.folder, bad, describe)
-        self.recording = folder
-        self.run.tracker.set_tags({"ampgan.recording": str(folder), "ampgan.first_bad_step": str(bad)})
-        print(f"ampgan: step {bad}: the loss is not finite; the state after step {rec.step} and the "
-              f"{bad - rec.step} batch{'es' if bad - rec.step != 1 else ''} since are saved in {folder}. Diagnose from "
-              f"there: {diagnose_call(describe, folder)}", file=sys.stderr, flush=True)
+        self.recording = record_failure(rec, bad, self._describe(), self.run)
 
     def _describe(self) -> dict:
         """What a recording names of the loop: classes, AMP level, the scaler's name and settings."""
