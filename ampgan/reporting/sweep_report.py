@@ -31,7 +31,8 @@ from ampgan.tracking.tracker import DIRECTION_TAG, OBJECTIVE_TAG
 
 PREFIXES = ("critic", "gen", "train")
 PARENT_TAG = "ampgan.sweep_parent"          # a sweep's parent run (ampgan.sweep_runs)
-EVAL_KEYS = ("eval/swd", "eval/modes_covered", "eval/high_quality", "eval/accuracy", "eval/loss")
+EVAL_KEYS = ("eval/swd", "eval/modes_covered", "eval/high_quality", "eval/judge_fd", "eval/classes_covered",
+             "eval/class_confidence", "eval/accuracy", "eval/loss")
 REPORT_DIR = "report"                        # artifact folder on the parent run
 
 
