@@ -5,6 +5,7 @@
     python -m experiments.diagnose_cases --write-docs         # and put the table into docs/diagnose.md
     python -m experiments.diagnose_cases --preset case_slow_fp32   # one case (repeatable), merged into the results
     python -m experiments.diagnose_cases --table --write-docs # the table from the results so far, running nothing
+    python -m experiments.diagnose_cases --rules              # the rules' and interventions' tables, from the code
 
 The cases and their expected verdicts are `ampgan_corpus/cases.py`, the same the tests read; each
 runs as the tests run it (tracking off; the planted ones with the corpus test's short replay). A
@@ -80,13 +81,21 @@ def confusion(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def write_docs(table: str, doc: Path = DOC) -> None:
+def write_docs(table: str, doc: Path = DOC, begin: str = BEGIN, end: str = END) -> None:
     """Replace what stands between the markers in `doc` with `table` (the markers must be there)."""
     text = doc.read_text()
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"experiments.diagnose_cases: error: {doc} has no confusion-table markers")
-    head, rest = text.split(BEGIN, 1)
-    doc.write_text(head + BEGIN + "\n" + table + "\n" + END + rest.split(END, 1)[1])
+    if begin not in text or end not in text:
+        raise SystemExit(f"experiments.diagnose_cases: error: {doc} has no {begin} ... {end} markers")
+    head, rest = text.split(begin, 1)
+    doc.write_text(head + begin + "\n" + table + "\n" + end + rest.split(end, 1)[1])
+
+
+def write_rules(doc: Path = DOC) -> None:
+    """The rules' and the interventions' tables in `doc`, from the modules' docstrings."""
+    from ampgan.diagnose.verdict_report import docs_blocks
+
+    for (begin, end), text in docs_blocks().items():
+        write_docs(text, doc, begin, end)
 
 
 def key(row: dict) -> tuple:
@@ -98,11 +107,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.diagnose_cases", description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=("planted", "architectures", "realistic"), action="append")
     parser.add_argument("--write-docs", action="store_true", help="put the table into docs/diagnose.md")
+    parser.add_argument("--rules", action="store_true",
+                        help="run nothing: put the rules' and interventions' tables (from the code) into docs/diagnose.md")
     parser.add_argument("--preset", action="append", help="only this case (repeatable); results merged")
     parser.add_argument("--table", action="store_true", help="run nothing: the table of the results so far")
     parser.add_argument("--fresh", action="store_true", help="forget earlier results (default: keep and merge)")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "diagnose_cases.json")
     args = parser.parse_args(argv)
+    if args.rules:
+        write_rules()
+        print(f"the rules and interventions tables written to {DOC}")
+        return 0
     cases = [c for c in corpus(args.only or ["planted", "architectures", "realistic"])
              if not args.preset or c[1] in args.preset]
     if args.preset and not cases:

@@ -391,3 +391,22 @@ def test_halving_while_finding_the_scale_is_not_an_oscillating_scale():
     gen.finite, gen.applied = [True] * 15, [True] * 15
     gen.compare = [net_trace("gen", [True]).compare[0]] * 15
     assert decide(s, DiagnoseConfig(), fp32_twin(), synced(nets), {}).name == "scaler"
+
+
+def test_the_docs_show_the_rules_and_interventions_the_code_states():
+    """docs/diagnose.md's tables are generated from verdict.py's and interventions.py's docstrings
+    (`python -m experiments.diagnose_cases --rules`): they cannot disagree."""
+    from pathlib import Path
+
+    from ampgan.diagnose.verdict import EXIT_CODES
+    from ampgan.diagnose.verdict_report import docs_blocks
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "diagnose.md").read_text()
+    for (begin, end), block in docs_blocks().items():
+        assert text.split(begin, 1)[1].split(end, 1)[0].strip() == block.strip()
+    rules = docs_blocks()[next(iter(docs_blocks()))]
+    named = {line.split("`")[1] for line in rules.splitlines()[2:]}
+    assert named == {"framework", "not_amp", "overflow", "scaler", "underflow", "precision", "not_reproduced",
+                     "healthy", "unexplained"}
+    assert all(f"| `{name}` |" in rules and rules.split(f"| `{name}` |")[1].split("\n")[0].endswith(f"| {code} |")
+               for name, code in EXIT_CODES.items())

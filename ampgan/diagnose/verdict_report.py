@@ -151,3 +151,81 @@ def write_files(result, folder: Path) -> tuple[list[Path], dict]:
 
 INTERVENTION_COLUMNS = ["intervention", "tests", "outcome", "removes_failure", "seconds"]
 
+
+
+# ---------------------------------------------------------------- the rules, as docs/diagnose.md shows them
+def rules_markdown() -> str:
+    """verdict.py's rules (its docstring, first match wins) as a table with each verdict's exit code:
+    docs/diagnose.md shows this very text, so the docs and the rules cannot disagree."""
+    from ampgan.diagnose import verdict
+
+    body = verdict.__doc__.split("Rules, first match wins:\n", 1)[1].split("\nA NaN", 1)[0]
+    entries: list[list[str]] = []
+    for line in body.splitlines():
+        if line[2:3].strip():   # a rule's first line: two spaces, its verdict, its condition
+            name, text = line.strip().split(None, 1)
+            entries.append([name, text])
+        elif line.strip():
+            entries[-1][1] += " " + line.strip()
+    rows = ["| verdict | when | exit |", "|---|---|---|"]
+    rows += [f"| `{name}` | {_cell(text)} | {verdict.EXIT_CODES.get(name, 1)} |" for name, text in entries]
+    rows.append(f"| `unexplained` | decided by the interventions (above): FP32 trains and no intervention tried removes "
+                f"the failure | {verdict.EXIT_CODES['unexplained']} |")
+    return "\n".join(rows)
+
+
+def interventions_markdown() -> str:
+    """interventions.py's table of interventions and its decision, from its docstring (as rules_markdown)."""
+    from ampgan.diagnose import interventions
+
+    doc = interventions.__doc__
+    lines = doc.split("verdict is decided on what was measured (`confirm`):\n\n", 1)[1].splitlines()
+    header = lines[0]
+    c1, c2 = header.index("cause it tests"), header.index("where it comes from")
+    rows: list[list[str]] = []
+    i = 1
+    while lines[i].strip():
+        line = lines[i]
+        what, cause, where = line[:c1].strip(), line[c1:c2].strip(), line[c2:].strip()
+        if cause:
+            rows.append([what, cause, where])
+        else:
+            rows[-1] = [" ".join(p for p in (rows[-1][0], what) if p), rows[-1][1],
+                        " ".join(p for p in (rows[-1][2], where) if p)]
+        i += 1
+    out = ["| intervention | cause it tests | where it comes from |", "|---|---|---|"]
+    out += [f"| {_cell(a)} | {f'`{b}`' if ' ' not in b else b} | {_cell(c)} |" for a, b, c in rows]
+    steps: list[str] = []
+    for line in lines[i + 1:]:
+        if not line.strip():
+            continue
+        head = line.strip()
+        if head[:2].rstrip(".").isdigit() and head[1:3].startswith("."):
+            steps.append(head)
+        elif line.startswith("       ") and steps:
+            steps[-1] += " " + head
+        else:
+            steps.append(head)
+    decision, after = [], []
+    for step in steps:
+        if "->" in step:
+            cond, result = step.split("->", 1)
+            decision.append(f"{' '.join(cond.split())}: {' '.join(result.split())}")
+        else:
+            after.append(" ".join(step.split()))
+    return "\n".join(out + [""] + decision + ([""] + [" ".join(after)] if after else []))
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+RULES_BLOCK = ("<!-- rules: from ampgan/diagnose/verdict.py's docstring (python -m experiments.diagnose_cases --rules) -->",
+               "<!-- end of rules -->")
+INTERVENTIONS_BLOCK = ("<!-- interventions: from ampgan/diagnose/interventions.py's docstring "
+                       "(python -m experiments.diagnose_cases --rules) -->", "<!-- end of interventions -->")
+
+
+def docs_blocks() -> dict[tuple[str, str], str]:
+    """docs/diagnose.md's generated blocks: (begin marker, end marker) -> the text between them."""
+    return {RULES_BLOCK: rules_markdown(), INTERVENTIONS_BLOCK: interventions_markdown()}
