@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 from hydra import compose, initialize_config_dir
 
-from ampgan import report_error
+from ampgan import AmpganError, report_error
 from ampgan.training import hardware  # first: it quiets MindSpore's C++ logging before MindSpore loads
 from ampgan.config.schema import CONF_DIR, Settings, TrainerConfig, outputs_dir, validate
 from ampgan.data import Dataset
@@ -886,6 +886,8 @@ def main(argv: list[str] | None = None) -> int:
     home = Path.cwd()
     try:
         _bench(args, repeats, memory_steps, scratch)
+    except AmpganError as err:
+        return report_error(err)
     finally:
         os.chdir(home)
         shutil.rmtree(scratch, ignore_errors=True)
@@ -965,6 +967,10 @@ def _bench(args: argparse.Namespace, repeats: int, memory_steps: int, scratch: P
     out = outputs_dir() / "bench"
     out.mkdir(parents=True, exist_ok=True)
     store = f"sqlite:///{scratch / 'variants.db'}"
+    planned = sections(args, repeats, memory_steps, store, scratch)
+    if not planned:
+        raise AmpganError(f"--only {args.only}: names no section of this bench (a comparison's name, or memory, "
+                          f"diagnose, data parallel, sweep)")
     MlflowTracker(store, "ampgan")
     os.chdir(scratch)  # MindSpore's scratch files
     plan = {"device": args.device, "full": args.full, "quick": args.quick, "repeats": repeats, "only": args.only,
@@ -986,8 +992,7 @@ def _bench(args: argparse.Namespace, repeats: int, memory_steps: int, scratch: P
             report += "\nNot measured yet (the bench was stopped, or is still running): " + "; ".join(pending) + "\n"
         (out / "bench.md").write_text(report)
 
-    done = run_sections(sections(args, repeats, memory_steps, store, scratch), out / LEDGER, plan, publish,
-                        restart=args.restart)
+    done = run_sections(planned, out / LEDGER, plan, publish, restart=args.restart)
     rows, start, mem, sweep = gather(done)
     print((out / "bench.md").read_text())
     tracker = MlflowTracker(f"sqlite:///{outputs_dir() / 'mlflow.db'}", "ampgan-bench")

@@ -139,3 +139,12 @@ def test_compare_reads_the_last_table_and_an_earlier_one_and_refuses_a_missing_o
     assert main(["--compare", str(tmp_path / "old.json")]) == 0
     out = capsys.readouterr().out
     assert out.startswith("# bench: this table (now, commit abc) against ") and "| +0.000 | no: intervals overlap |" in out
+
+
+def test_an_only_that_names_no_section_is_one_line(tmp_path, monkeypatch, capsys):
+    from experiments.bench import main
+
+    monkeypatch.setenv("AMPGAN_OUTPUTS", str(tmp_path / "outputs"))
+    assert main(["--only", "nothing like this", "--no-startup"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ampgan: error: --only nothing like this: names no section") and err.count("\n") == 1
