@@ -381,30 +381,43 @@ def chart_seed_spread(study: Study, rows: list[dict], metric: str | None = None)
     return fig
 
 
-def chart_history(ctx: Context, metric: str, title: str):
-    """An MLflow metric against the step, one line per configuration: its mean over seeds at each
-    logged step, with a band from the seeds' min to their max."""
+def chart_history(ctx: Context, metric: str | None, title: str):
+    """An MLflow metric (None: each facet's headline, `eval/<headline>`) against the step, one panel
+    per facet value, one line per configuration: its mean over seeds at each logged step, with a
+    band from the seeds' min to their max. Facets without that metric get no panel (None: none has it)."""
     from ampgan.reporting.sweep_report import new_figure
 
-    fig, axes = new_figure(1, width=7.0, height=4.2)
-    ax = axes[0][0]
-    for g in group_rows([dict(r, _run=run_) for r, run_ in zip(ctx.rows, ctx.runs)], ctx.study.groups):
-        by_step: dict[int, list[float]] = {}
-        for r in g.rows:
-            for m in ctx.client.get_metric_history(r["_run"].info.run_id, metric):
-                if math.isfinite(m.value):
-                    by_step.setdefault(m.step, []).append(m.value)
-        steps = sorted(by_step)
-        if not steps:
-            continue
-        line, = ax.plot(steps, [np.mean(by_step[s]) for s in steps], "o-", ms=3, label="-".join(g.key))
-        ax.fill_between(steps, [min(by_step[s]) for s in steps], [max(by_step[s]) for s in steps],
-                        color=line.get_color(), alpha=0.15)
-    ax.set_xlabel("step")
-    ax.set_ylabel(metric)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    study = ctx.study
+    facet = study.facet if study.facet in study.groups else None
+    keys = [k for k in study.groups if k != facet]
+    panels = []
+    for fv in (list(dict.fromkeys(str(r.get(facet)) for r in ctx.rows)) if facet else [None]):
+        name = metric or f"eval/{study.head({facet: fv} if facet else {})}"
+        lines = []
+        for g in group_rows([dict(r, _run=run_) for r, run_ in zip(ctx.rows, ctx.runs)
+                             if facet is None or str(r.get(facet)) == fv], keys):
+            by_step: dict[int, list[float]] = {}
+            for r in g.rows:
+                for m in ctx.client.get_metric_history(r["_run"].info.run_id, name):
+                    if math.isfinite(m.value):
+                        by_step.setdefault(m.step, []).append(m.value)
+            if by_step:
+                lines.append(("-".join(g.key), sorted(by_step), by_step))
+        if lines:
+            panels.append((fv, name, lines))
+    if not panels:
+        return None
+    fig, axes = new_figure(len(panels), width=7.0, height=4.2)
+    for ax, (fv, name, lines) in zip(axes[0], panels):
+        for label, steps, by_step in lines:
+            line, = ax.plot(steps, [np.mean(by_step[s]) for s in steps], "o-", ms=3, label=label)
+            ax.fill_between(steps, [min(by_step[s]) for s in steps], [max(by_step[s]) for s in steps],
+                            color=line.get_color(), alpha=0.15)
+        ax.set_xlabel("step")
+        ax.set_ylabel(name)
+        ax.set_title(f"{title}{f' ({facet}={fv})' if fv else ''}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     return fig
 
 

@@ -92,7 +92,7 @@ def arm_line(row: dict) -> str:
 
 
 def charts(ctx: Context) -> dict:
-    return {"swd_vs_step": chart_history(ctx, "eval/swd", "swd against the step (mean over seeds, min-max band)"),
+    return {"quality_vs_step": chart_history(ctx, None, "quality against the step (mean over seeds, min-max band)"),
             "modes_vs_step": chart_history(ctx, "eval/modes_covered", "modes covered against the step (mean, min-max)")}
 
 

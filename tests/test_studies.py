@@ -324,11 +324,12 @@ def test_quality_against_the_step_draws_each_configuration_from_its_seeds_histor
             rows.append({"data": "a", "arm": arm, "trainer.seed": str(seed)})
     ctx = Context(STUDY, client, "", None, runs, rows, seed_table(STUDY, rows), tmp_path, "default")
     fig = chart_history(ctx, "eval/swd", "t")
+    assert chart_history(ctx, "eval/nothing", "t") is None   # no panel without the metric
     ax = fig.axes[0]
     lines = {line.get_label(): line for line in ax.get_lines()}
-    assert set(lines) == {"a-fp32", "a-o2"}
-    assert list(lines["a-fp32"].get_xdata()) == [100, 200, 300]
-    assert list(lines["a-fp32"].get_ydata()) == pytest.approx([0.105, 0.205, 0.305])   # the two seeds' mean
+    assert set(lines) == {"fp32", "o2"}   # one panel per data set: its lines are the configurations
+    assert list(lines["fp32"].get_xdata()) == [100, 200, 300]
+    assert list(lines["fp32"].get_ydata()) == pytest.approx([0.105, 0.205, 0.305])   # the two seeds' mean
     assert len(ax.collections) == 2   # one min-max band per configuration
 
 
