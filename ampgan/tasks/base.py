@@ -10,7 +10,7 @@ import numpy as np
 from ampgan.amp.activations import ActivationPeaks, headroom
 from ampgan.amp.health import HEALTH_FIELDS, grad_health, no_health
 from ampgan.config.schema import Settings
-from ampgan.data import Batches, build_dataset
+from ampgan.data import Batches, Dataset, build_dataset
 from ampgan.steps.common import APPLIED, CLIPPED, FINITE, GRAD_NORM, SCALE, Step, StepStatus
 
 
@@ -147,7 +147,8 @@ class Optimised:
 
 
 class TaskBase:
-    """The task protocol: what the loop, checkpoints and diagnose ask of every task.
+    """Every task: it implements each role's protocol (`ampgan.tasks.protocols`: Trainable,
+    Evaluable, Checkpointable, Poolable, Replayable), and each caller names the one it uses.
 
     The loop: `train_step`, `metrics`, `layer_health`, `nonfinite_run`, `evaluate`, pictures.
     Diagnose: `roots()` (the nets by the root name keep-list paths use), `optimised()` (one
@@ -163,6 +164,7 @@ class TaskBase:
     position, the RNGs, the host-side counters.
     """
 
+    data: Dataset
     nets: dict
     optimizers: dict
     scalers: dict

@@ -21,11 +21,15 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import mindspore as ms
 import numpy as np
 
 from ampgan import AmpganError
+
+if TYPE_CHECKING:
+    from ampgan.tasks.protocols import Checkpointable
 
 STATE_FILE = "state.ckpt"
 HOST_FILE = "host.json"
@@ -33,7 +37,7 @@ LATEST = "latest"
 FORMAT = 1
 
 
-def save(task, folder: Path, step: int, keep: int = 2, extra: dict | None = None) -> Path:
+def save(task: Checkpointable, folder: Path, step: int, keep: int = 2, extra: dict | None = None) -> Path:
     """Write one complete checkpoint set for `step`; return its folder."""
     folder.mkdir(parents=True, exist_ok=True)
     name = f"step-{step:08d}"
@@ -82,7 +86,7 @@ def read_host(path: Path) -> dict:
     return json.loads((Path(path) / HOST_FILE).read_text())
 
 
-def load(task, path: Path) -> dict:
+def load(task: Checkpointable, path: Path) -> dict:
     """Put the checkpoint set at `path` into `task` (every Parameter, sampler, RNGs, counters); its host record."""
     path = Path(path)
     saved = ms.load_checkpoint(str(path / STATE_FILE))
