@@ -26,6 +26,13 @@ def is_wrapper(cell: nn.Cell) -> bool:
     return isinstance(cell, tuple(wrapper for wrapper, _ in AMP_WRAPPERS))
 
 
+def unwrapped(cell: nn.Cell) -> nn.Cell:
+    """The user's cell inside AMP's wrappers (`auto_mixed_precision(net, "O2")` returns an `_OutputTo32`)."""
+    while is_wrapper(cell):
+        cell = next(getattr(cell, attr) for wrapper, attr in AMP_WRAPPERS if isinstance(cell, wrapper))
+    return cell
+
+
 def child_path(parent: nn.Cell, path: str, name: str) -> str:
     """The path of `parent`'s child `name`, `parent` being at `path`: the parent's own when it is a wrapper."""
     return path if is_wrapper(parent) else ".".join(p for p in (path, name) if p)

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ampgan import AmpganError, outputs_dir
+from ampgan.amp.cell_paths import unwrapped
 from ampgan.amp.state import training_state
 from ampgan.tracking.recorder import FlightRecorder, describe_cell, diagnose_call, qualname
 from ampgan.tracking.tracker import DIRECTION_TAG, OBJECTIVE_TAG, MlflowTracker
@@ -462,15 +463,16 @@ class Monitor:
 
         if rec.state is None:   # the first step failed: there is no earlier state than the start
             self.run.tracker.set_tags({"ampgan.first_bad_step": str(bad)})
+            name = qualname(unwrapped(s["net"])).rsplit(".", 1)[-1]
             print(f"ampgan: step {bad}: the loss is not finite at the first step; diagnose from the start: "
-                  f"ampgan.api.diagnose({qualname(s['net']).rsplit('.', 1)[-1]}, ...)", file=sys.stderr, flush=True)
+                  f"ampgan.api.diagnose({name}, ...)", file=sys.stderr, flush=True)
             return
         self.recording = record_failure(rec, bad, self._describe(), self.run)
 
     def _describe(self) -> dict:
         """What a recording names of the loop: classes, AMP level, the scaler's name and settings."""
         s, params = self.settings, self._params()[0]
-        return {"net": qualname(s["net"]), "loss": qualname(s["loss"]) if s["loss"] is not None else "",
+        return {"net": qualname(unwrapped(s["net"])), "loss": qualname(s["loss"]) if s["loss"] is not None else "",
                 "optimizer": qualname(s["optimizer"]), "amp": str(s["amp"] or "O0").upper(), "keep_fp32": [],
                 "scaler": scaler_settings(self._scaler_wrapper), "lr": params.get("model.lr", "")}
 

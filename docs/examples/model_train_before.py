@@ -23,7 +23,7 @@ def main(epochs: int, batches: int) -> None:
     net = mindcv.create_model("mobilenet_v1_025", pretrained=False, num_classes=10, in_channels=1)
     loss_fn = nn.CrossEntropyLoss()
     optimizer = nn.Adam(net.trainable_params(), learning_rate=0.01)
-    model = Model(net, loss_fn, optimizer, amp_level="O2")   # on CPU: no dynamic loss scaling
+    model = Model(net, loss_fn, optimizer, amp_level="O2", loss_scale_manager=None)  # CPU: no loss scaling
     model.train(epochs, digits(32, batches), callbacks=[LossMonitor(8)], dataset_sink_mode=False)
 
 
