@@ -271,11 +271,17 @@ class ModelTrainRunner:
 
         from ampgan import api
 
-        ms.set_device(device)
+        if ms.get_context("device_target") != device:   # a section before it may have started the runtime
+            ms.set_device(device)
         ms.set_seed(0)
         d = load_digits()
         x, y = (d.images.reshape(-1, 64) / 16.0).astype(np.float32), d.target.astype(np.int32)
-        self._dataset = lambda n: mds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(batch_size).repeat().take(n)
+
+        def dataset(n: int):   # n batches, cycling through the digits (`repeat()` with `take` hangs MindSpore's iterator)
+            rows = np.arange(n * batch_size) % len(x)
+            return mds.NumpySlicesDataset({"x": x[rows], "y": y[rows]}, shuffle=False).batch(batch_size)
+
+        self._dataset = dataset
         net = nn.SequentialCell([nn.Dense(64, 256), nn.ReLU(), nn.Dense(256, 256), nn.ReLU(), nn.Dense(256, 10)])
         loss, opt = nn.CrossEntropyLoss(), nn.Adam(net.trainable_params(), learning_rate=1e-3)
         if ampgan_cell:

@@ -148,3 +148,22 @@ def test_an_only_that_names_no_section_is_one_line(tmp_path, monkeypatch, capsys
     assert main(["--only", "nothing like this", "--no-startup"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("ampgan: error: --only nothing like this: names no section") and err.count("\n") == 1
+
+
+def test_the_step_cell_section_runs_after_an_earlier_section_started_mindspores_runtime():
+    """The bench measures its sections in one process: `Model.train`'s runners are built after
+    other sections have run kernels, so they must not select the device again (MindSpore refuses
+    `set_device` once its runtime is up). Both runners train a block and change the net."""
+    import mindspore as ms
+    import numpy as np
+
+    from experiments.bench import ModelTrainRunner
+
+    ms.set_device("CPU")
+    ms.Tensor(np.ones(2, np.float32)) + 1   # a kernel: the runtime is initialized
+    for ampgan_cell in (True, False):
+        runner = ModelTrainRunner(ampgan_cell, "CPU")
+        before = [p.asnumpy().copy() for p in runner.model.train_network.trainable_params()]
+        runner.run(3)
+        after = [p.asnumpy() for p in runner.model.train_network.trainable_params()]
+        assert any(not np.array_equal(a, b) for a, b in zip(before, after)), ampgan_cell
