@@ -243,3 +243,34 @@ def test_no_two_modules_give_one_name_to_two_jobs():
     # each module behind a `python -m` entry has a name of its own
     for entry in ("search", "report", "sync"):
         assert len(list((ROOT / "ampgan").rglob(f"{entry}.py"))) == 1, entry
+
+
+STAGES = ("open_case", "framework_check", "run_case_horizon", "reference_for", "analyse", "remedies")
+
+
+def calls_in(path: Path, function: str) -> list[str]:
+    """The names `function` (top level of `path`) calls, in source order, once per call site."""
+    node = next(n for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef) and n.name == function)
+    calls = [c for c in ast.walk(node) if isinstance(c, ast.Call)]
+    names = [c.func.id if isinstance(c.func, ast.Name) else getattr(c.func, "attr", "") for c in calls]
+    return [n for _, n in sorted(zip([(c.lineno, c.col_offset) for c in calls], names))]
+
+
+def test_diagnose_reads_one_way_and_its_command_only_parses_prints_and_logs():
+    """Case -> Evidence -> Verdict -> Remedies: the command opens the Case and hands it to the
+    pipeline, which enters each stage once, in that order; the command imports no stage itself."""
+    diag = ROOT / "ampgan" / "diagnose"
+    inside = {m for m in imports_of(diag / "command.py", "ampgan.diagnose.command") if m.startswith("ampgan.")}
+    assert {m.rpartition(".")[0] if m.count(".") > 2 else m for m in inside} == {
+        "ampgan.diagnose", "ampgan.diagnose.case", "ampgan.diagnose.pipeline", "ampgan.diagnose.verdict_report"}
+    command = [n for n in calls_in(diag / "command.py", "diagnose") if n in ("open_case", "diagnose_case", "terminal", "publish")]
+    assert command == ["open_case", "diagnose_case", "terminal", "publish"]
+    stages = [n for n in calls_in(diag / "pipeline.py", "diagnose_case") if n in STAGES]
+    assert stages == ["framework_check", "run_case_horizon", "reference_for", "analyse", "remedies"]
+    remedies = [n for n in calls_in(diag / "pipeline.py", "remedies")
+                if n in ("search_keep_list", "candidates", "verify_fixes", "confirm", "unconfirmed", "prove_seeds")]
+    assert remedies == ["search_keep_list", "candidates", "verify_fixes", "confirm", "unconfirmed", "prove_seeds"]
+    # the stages after the Case never re-read the raw config to validate the run itself
+    for name in ("pipeline.py", "analysis.py", "verify.py", "fp32_set_search.py"):
+        text = (diag / name).read_text()
+        assert "validate(cfg)" not in text and "validate(case.cfg)" not in text, name

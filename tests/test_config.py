@@ -307,7 +307,7 @@ def test_every_declared_field_exists():
 
 def test_the_diagnose_group_is_its_schema_with_no_restated_default():
     """conf/diagnose/default.yaml extends DiagnoseConfig and repeats none of its defaults."""
-    from ampgan.diagnose.config import DiagnoseConfig
+    from ampgan.diagnose.case import DiagnoseConfig
 
     raw = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "diagnose" / "default.yaml"), resolve=False)
     defaults = raw.pop("defaults", [])

@@ -20,9 +20,10 @@ from hydra import compose, initialize_config_dir
 from ampgan.training import checkpoint
 from ampgan.config.schema import CONF_DIR, validate
 from ampgan.data import build_dataset
-from ampgan.diagnose.command import checkpoint_start, diagnose, recorded_config
-from ampgan.diagnose.config import DiagnoseConfig, diagnose_settings
-from ampgan.diagnose.pipeline import analyse
+from ampgan.diagnose.case import checkpoint_start, recorded_config
+from ampgan.diagnose.command import diagnose
+from ampgan.diagnose.case import DiagnoseConfig, diagnose_settings
+from ampgan.diagnose.analysis import analyse
 from ampgan.diagnose.verdict_report import HEATMAPS
 from ampgan.diagnose.ranges import MAX_EXP, NORMAL_EXP, fit_scales
 from ampgan.diagnose.replay import (build_seeded, fp32_twin_settings, net_parameters, probes,

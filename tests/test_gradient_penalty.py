@@ -83,7 +83,7 @@ def test_the_framework_check_runs_compiled_too_on_the_fp32_twin_and_finds_it_rig
     error read as MindSpore's). Now: whenever the task has a penalty, the FP32 twin's gradient in
     the run's mode (here compiled) against finite differences at two step sizes: right."""
     from ampgan.config.schema import validate
-    from ampgan.diagnose.pipeline import framework_check
+    from ampgan.diagnose.analysis import framework_check
     from ampgan.tasks import load_data
     from tests.conftest import compose_cfg
 

@@ -13,7 +13,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from ampgan.config.schema import CONF_DIR, validate
-from ampgan.diagnose.config import DiagnoseConfig
+from ampgan.diagnose.case import DiagnoseConfig
 from ampgan.diagnose.horizon import Horizon, train_course
 from ampgan.diagnose.inference import check_inference
 from ampgan.diagnose.replay import fp32_twin_settings

@@ -193,7 +193,7 @@ def test_every_hook_is_removed_afterwards_also_when_the_forward_raises(user_modu
 
 
 def test_diagnose_names_the_op_and_its_line_on_the_planted_forward_overflow():
-    from ampgan.diagnose.config import DiagnoseConfig
+    from ampgan.diagnose.case import DiagnoseConfig
     from tests.test_diagnose_corpus import run
 
     quick = ["diagnose.steps=1"] + (["diagnose.horizon=0"] if "horizon" in DiagnoseConfig.__dataclass_fields__ else [])

@@ -20,7 +20,7 @@ CALLERS = {
     "ampgan/diagnose/replay.py": ("Replayable",),
     "ampgan/diagnose/locate.py": ("Replayable",),
     "ampgan/diagnose/framework.py": ("Replayable",),
-    "ampgan/diagnose/pipeline.py": ("Replayable",),
+    "ampgan/diagnose/analysis.py": ("Replayable",),
     "ampgan/diagnose/inference.py": ("Replayable", "Evaluable"),
 }
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ampgan.config.schema import validate
-from ampgan.diagnose.config import DiagnoseConfig
+from ampgan.diagnose.case import DiagnoseConfig
 from ampgan.diagnose.locate import Located
 from ampgan.diagnose.probe import COMPARE_FIELDS
 from ampgan.diagnose.replay import NetTrace, Trace

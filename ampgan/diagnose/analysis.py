@@ -1,7 +1,9 @@
-"""One diagnosis of one configuration: replay, statistics, ranges, locate, inference, verdict.
+"""The pipeline's Evidence stage for one configuration: replay, statistics, ranges, locate,
+inference, and the rules' hypothesis over them (`verdict.decide`, pure).
 
-`analyse` is what the command runs once, and what verification and the keep-list search run
-again for every candidate (shorter, without the slow stages).
+`analyse` is what the pipeline runs once for the diagnosed run, and what verification and the
+keep-list search run for each candidate (shorter, without the slow stages); every candidate
+whose FP32 twin is the run's reuses the twin's record (`reference_for`'s cache).
 """
 
 from __future__ import annotations

@@ -1,14 +1,28 @@
-"""The `diagnose` config node: replay length, tolerances, stages on/off. Checked like every group."""
+"""The pipeline's first stage, the Case: what is diagnosed, validated once.
+
+A Case is the run's checked settings and data, the `diagnose` node (replay length, tolerances,
+stages on/off; checked like every group), and where the replay starts: step 0 with the run's
+seed, a logged run's newest checkpoint before its first failure (`diagnose.run`), or a flight
+recording's state on its recorded batches (`diagnose.start`). Nothing after this stage reads
+the raw config except to apply a fix's overrides to it (verify, search, seeds).
+"""
 
 from __future__ import annotations
 
+import math
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ampgan import AmpganError, require
+from ampgan.config.schema import Settings, validate
+from ampgan.data import Dataset
+from ampgan.tasks import load_data
+from ampgan.training import checkpoint
 
 MODES = ("synced", "free", "both")
 FRAMEWORK_CHECKS = ("auto", "never")
@@ -85,6 +99,128 @@ def register_schema() -> None:
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(group="schema/diagnose", name="default", node=DiagnoseConfig)
+
+
+
+@dataclass
+class Case:
+    """What is diagnosed. `cfg`: the composed config (a logged run's recorded one, with this
+    command's diagnose and tracking nodes), the base of every fix's overrides; `settings`: it,
+    validated; `start`: the checkpoint set the replay starts from (None: step 0); `failed_at`,
+    `failure`: the run's first failure as it was logged or recorded (None, "": not known);
+    `run_id`: the diagnosed MLflow run; `workers`: its data-parallel ranks (replayed in one process)."""
+
+    cfg: DictConfig
+    dcfg: DiagnoseConfig
+    settings: Settings
+    data: Dataset
+    start: Path | None = None
+    failed_at: int | None = None
+    failure: str = ""
+    run_id: str | None = None
+    workers: int = 1
+    recording: object | None = None   # tracking.recorder.Recording: a flight recording
+
+    def describe(self) -> list[str]:
+        """The progress lines that say where the replay starts and why."""
+        r, s = self.recording, self.settings
+        out = []
+        if r is not None:
+            out.append(f"flight recording {r.folder}: {self.failure}; starting from the state after step {r.step}, "
+                       f"on its {r.steps_recorded} recorded batches")
+        if self.run_id:
+            out.append(f"run {self.run_id}: " + (f"data parallel on {self.workers} workers, replayed in one process on "
+                                                 f"its global batch of {s.trainer.batch_size}; " if self.workers > 1 else "")
+                       + (f"failed at step {self.failed_at} ({self.failure}); " if self.failed_at else "")
+                       + "starting from " + (f"checkpoint {self.start}" if self.start else "step 0 (no checkpoint before it)"))
+        return out
+
+
+def open_case(cfg: DictConfig, run_dir: Path) -> Case:
+    """The Case `cfg` names: the run it describes, or `diagnose.run`'s recorded run, or a run from
+    `diagnose.start`'s flight recording (its state converted once into a checkpoint set of this
+    task, under `run_dir`/start). Bad input is one AmpganError line."""
+    dcfg = diagnose_settings(cfg)
+    run_id, start, failed_at, failure, workers, recording = dcfg.run or None, None, None, "", 1, None
+    if run_id:
+        cfg = recorded_config(cfg, run_id)
+        workers = one_process(cfg)
+        failed_at, failure = run_failure(run_id, cfg.tracking.uri)
+        start = checkpoint_start(run_id, cfg, failed_at)
+    s = validate(cfg)
+    data = load_data(s)
+    if dcfg.start:
+        from ampgan.diagnose.replay import recorded_start
+        from ampgan.tracking.recorder import read
+
+        recording = read(dcfg.start)
+        failed_at, failure = recording.first_bad_step, recording.failure
+        start = recorded_start(s, data, recording, Path(run_dir) / "start")
+    return Case(cfg, dcfg, s, data, start, failed_at, failure, run_id, workers, recording)
+
+
+def recorded_config(cfg: DictConfig, run_id: str) -> DictConfig:
+    """The diagnosed run's recorded config (its `config.yaml` artifact) with this command's diagnose
+    and tracking nodes. Raises AmpganError for an unknown run or a run without a config."""
+    from ampgan.tracking.tracker import make_client, store_errors
+
+    client = make_client(cfg.tracking.uri)
+    with tempfile.TemporaryDirectory(prefix="ampgan-diagnose-") as scratch:
+        try:
+            client.get_run(run_id)
+            path = client.download_artifacts(run_id, "config.yaml", scratch)
+        except store_errors() as err:
+            raise AmpganError(f"diagnose.run={run_id}: no such run with a config.yaml in {cfg.tracking.uri} "
+                              f"({str(err).splitlines()[0][:120]})") from None
+        recorded = OmegaConf.load(path)
+    recorded.diagnose = cfg.diagnose
+    recorded.tracking = cfg.tracking
+    return recorded
+
+
+def one_process(recorded: DictConfig) -> int:
+    """Replay a data-parallel run (`hardware.workers=N`) in this one process, on the same global
+    batch: `trainer.batch_size` is already the global batch, and rank 0's checkpoint holds the one
+    global sampler and RNG state every rank shared. Sets `hardware.workers=1` (nothing here starts
+    msrun: the replays build their steps in this process, outside any cluster); the run's own number."""
+    workers = int(OmegaConf.select(recorded, "hardware.workers", default=1))
+    if "hardware" in recorded:
+        recorded.hardware.workers = 1
+    return workers
+
+
+def checkpoint_start(run_id: str, cfg: DictConfig, failed_at: int | None) -> Path | None:
+    """Where a diagnosed run's replay starts: its newest full-state checkpoint set from before its
+    first failing step (the newest set when it logged no failure); None (step 0 with the run's
+    seed) when the run wrote none before it or its folder is not on this machine."""
+    from ampgan.tracking.tracker import run_folder_in_store
+
+    uri = cfg.tracking.uri
+    try:
+        newest = checkpoint.find_checkpoint(run_id, (lambda rid: run_folder_in_store(rid, uri)) if uri else None)
+    except AmpganError:
+        return None
+    if failed_at is None:
+        return newest
+    return checkpoint.newest_before(newest.parent, failed_at)
+
+
+def run_failure(run_id: str, uri: str) -> tuple[int | None, str]:
+    """A logged run's first failure from its metric history: the first step with a non-finite
+    `*/loss`, else the step at which it stopped as diverged (`train/diverged` 1); (None, "") when
+    its history shows none."""
+    from ampgan.tracking.tracker import make_client
+
+    client = make_client(uri)
+    run = client.get_run(run_id)
+    keys = [k for k in run.data.metrics if k.endswith("/loss") and not k.startswith("eval/")]
+    bad = sorted((m.step, k) for k in keys for m in client.get_metric_history(run_id, k) if not math.isfinite(m.value))
+    if bad:
+        return bad[0][0], f"{bad[0][1]} not finite"
+    if run.data.metrics.get("train/diverged", 0.0) > 0:
+        step = int(run.data.metrics.get("train/steps", 0))
+        return step, "stopped as diverged"
+    return None, ""
 
 
 register_schema()

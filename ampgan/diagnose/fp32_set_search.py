@@ -15,12 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mindspore import nn
-from omegaconf import DictConfig
 
 from ampgan.config.schema import validate
-from ampgan.data import Dataset
 from ampgan.amp.cell_paths import cell_paths
-from ampgan.diagnose.pipeline import analyse, reference_for
+from ampgan.diagnose.analysis import analyse, reference_for
+from ampgan.diagnose.case import Case
 from ampgan.diagnose.replay import build_seeded, fp32_twin_settings, roots
 from ampgan.diagnose.verify import with_overrides
 
@@ -78,10 +77,10 @@ class SearchResult:
         return f"{self.override} ({len(self.keep)} of {self.candidates} cells; {self.probes} probes; {state})"
 
 
-def search_keep_list(cfg: DictConfig, dcfg, data: Dataset, cache: dict, progress,
-                     start: Path | None = None) -> SearchResult:
-    s = validate(cfg)
-    items = candidate_cells(build_seeded(fp32_twin_settings(s), data))  # the cells as built, before AMP wraps any
+def search_keep_list(case: Case, cache: dict, progress, start: Path | None = None) -> SearchResult:
+    """ddmin over `case`'s cells from `start` (the replay's); each probe reuses `cache`'s FP32 record."""
+    cfg, dcfg, data = case.cfg, case.dcfg, case.data
+    items = candidate_cells(build_seeded(fp32_twin_settings(case.settings), data))  # the cells as built, before AMP wraps any
     seen: dict[tuple, bool] = {}
 
     def passes(keep: list[str]) -> bool:

@@ -1,4 +1,5 @@
-"""The report: terminal text (verdict first), Markdown, the per-layer CSV, heat maps, an HTML page.
+"""The report: terminal text (verdict first), Markdown, the per-layer CSV, heat maps, an HTML page;
+and `publish`, which writes them and logs the diagnosis as an MLflow run (through `ampgan.tracking`).
 
 Built with the sweep report's machinery (`ampgan.report`): the heat maps are matplotlib charts
 (`heatmap_figure`) and the page is `html_page`, self-contained, so MLflow's artifact viewer shows it.
@@ -229,3 +230,78 @@ INTERVENTIONS_BLOCK = ("<!-- interventions: from ampgan/diagnose/interventions.p
 def docs_blocks() -> dict[tuple[str, str], str]:
     """docs/diagnose.md's generated blocks: (begin marker, end marker) -> the text between them."""
     return {RULES_BLOCK: rules_markdown(), INTERVENTIONS_BLOCK: interventions_markdown()}
+
+
+# ---------------------------------------------------------------- the MLflow run
+def publish(result, run_dir: Path, seconds: float) -> None:
+    """The pipeline's Result as files in `run_dir`, and as an MLflow run tagged ampgan.kind=diagnose
+    with them as artifacts; a diagnosed run gets the verdict as tags, with a link."""
+    from omegaconf import OmegaConf
+
+    from ampgan.diagnose.statistics import summaries
+    from ampgan.tracking.tracker import build_tracker, flatten
+    from ampgan.training.loop import tracked_run
+
+    cfg, s, diagnosed = result.case.cfg, result.case.settings, result.case.run_id
+
+    folder = Path(run_dir)
+    result.folder = folder
+    files, figures = write_files(result, folder)
+    (folder / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    tracking = s.tracking
+    tracking.experiment = cfg.diagnose.get("experiment", "ampgan-diagnose")
+    tracker = build_tracker(tracking)
+    v = result.verdict
+    tags = {"ampgan.kind": "diagnose", "ampgan.verdict": v.name, "ampgan.layer": v.layer, "model": s.model.name,
+            "data": s.data_name, "amp": s.amp.level, "scaler": s.scaler.name}
+    if diagnosed:
+        tags["ampgan.diagnosed_run"] = diagnosed
+        tags["ampgan.start_step"] = str(result.analysis.ref.start_step)
+    if cfg.diagnose.get("start"):   # a flight recording: where it is, and the step its state is from
+        tags["ampgan.recording"] = str(cfg.diagnose.start)
+        tags["ampgan.start_step"] = str(result.analysis.ref.start_step)
+    if v.fixes:
+        tags["ampgan.fix"] = v.fixes[0].text   # only fixes whose replay removed the failure are kept
+    tags["mlflow.note.content"] = verdict_note(result)
+    params = flatten(OmegaConf.to_container(cfg, resolve=True))
+    with tracked_run(tracker, f"diagnose-{s.model.name}-{s.amp.level.lower()}-{s.scaler.name}", params, tags):
+        metrics = {"diagnose/exit_code": float(v.exit_code), "diagnose/seconds": seconds,
+                   "diagnose/replay_seconds": result.synced.seconds,
+                   "diagnose/interventions": float(len(result.interventions or [])),
+                   "diagnose/interventions_removing": float(sum(r["removes_failure"] for r in result.interventions or []))}
+        for net, x in summaries(result.synced).items():
+            metrics.update({f"diagnose/{net}/rel_err_median": x.rel_err_median, f"diagnose/{net}/nonfinite": x.nonfinite,
+                            f"diagnose/{net}/lost_norm_max": x.lost_norm_max, f"diagnose/{net}/skipped": x.skipped})
+        tracker.log_metrics(metrics, 0)
+        for f in files + [folder / "config.yaml"]:
+            tracker.log_artifact(f)
+        client = getattr(tracker, "client", None)   # MLflow: the heat maps as charts, like a sweep report's
+        for stem, fig in figures.items():
+            if client is not None:
+                client.log_figure(tracker.run_id, fig, f"{stem}.png")
+    result.run_id = tracker.run_id
+    if diagnosed and client is not None and tracker.run_id:
+        mark_diagnosed(client, diagnosed, result, tags, tracker.experiment_id, tracker.run_id)
+
+
+def verdict_note(result) -> str:
+    """The diagnose run's description in MLflow's UI: the verdict line first, then its evidence."""
+    v = result.verdict
+    lines = [f"**ampgan verdict: {v.name}**: {v.headline}", ""]
+    lines += [f"- {e}" for e in v.evidence]
+    if v.fixes:
+        lines += ["", "Fixes: " + "; ".join(f"`{f.text}`" for f in v.fixes)]
+    return "\n".join(lines)
+
+
+def mark_diagnosed(client, run_id: str, result, tags: dict, experiment_id: str, diagnosis_id: str) -> None:
+    """The verdict where the run is: tags on the diagnosed run, with a link to its diagnosis (one request)."""
+    from ampgan.tracking.tracker import run_link, tag_run
+
+    v = result.verdict
+    located = result.analysis.located
+    marks = {"ampgan.verdict": v.name, "ampgan.verdict.line": v.headline, "ampgan.verdict.cell": v.layer or "-",
+             "ampgan.verdict.op": located.describe() if located is not None else "-",
+             "ampgan.verdict.fix": tags.get("ampgan.fix", "-"), "ampgan.diagnosis": diagnosis_id,
+             "ampgan.diagnosis.link": run_link(experiment_id, diagnosis_id)}
+    tag_run(client, run_id, marks)

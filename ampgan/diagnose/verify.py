@@ -33,7 +33,8 @@ from ampgan import AmpganError
 from ampgan.config.schema import CONF_DIR, GROUPS, Settings, validate
 from ampgan.data import Dataset
 from ampgan.diagnose.horizon import BLOCK, Horizon, run_horizon
-from ampgan.diagnose.pipeline import analyse, reference_for
+from ampgan.diagnose.analysis import analyse, reference_for
+from ampgan.diagnose.case import Case
 from ampgan.diagnose.replay import build_seeded, fp32_twin_settings
 from ampgan.diagnose import statistics
 from ampgan.diagnose.statistics import summaries
@@ -94,8 +95,8 @@ class Checked:
         return self.removes if self.removes is not None else self.verdict == "healthy"
 
 
-def verify_fixes(cfg: DictConfig, dcfg, fixes: list[Fix], data: Dataset, cache: dict, progress,
-                 steps: int | None = None, start: Path | None = None, horizon: Horizon | None = None,
+def verify_fixes(case: Case, fixes: list[Fix], cache: dict, progress, steps: int | None = None,
+                 start: Path | None = None, horizon: Horizon | None = None,
                  enough=lambda checked: False) -> list[Checked]:
     """Replay each intervention (`fixes`: `interventions.candidates`, cut to `diagnose.max_fixes` of the
     hypothesis's own) from the same start, seed and
@@ -103,8 +104,9 @@ def verify_fixes(cfg: DictConfig, dcfg, fixes: list[Fix], data: Dataset, cache: 
     failure was seen there (each candidate then trains its own course over it, `course_length`, and is
     judged on it too, the evaluation objective included); None: the lockstep replay alone.
     `enough(checked)`: true once an outcome settles the question; the rest are not replayed."""
+    cfg, dcfg, data = case.cfg, case.dcfg, case.data
     out = []
-    twin = repr(fp32_twin_settings(validate(cfg))) if horizon is not None else ""
+    twin = repr(fp32_twin_settings(case.settings)) if horizon is not None else ""
     for fix in fixes:
         progress(f"verify: {fix.text}")
         started = time.perf_counter()
@@ -205,8 +207,10 @@ def _train(s: Settings, data: Dataset, steps: int) -> tuple[str, str, float]:
     return task.objective, task.direction, float(task.evaluate()[task.objective])
 
 
-def prove_seeds(cfg: DictConfig, dcfg, fix: Fix, data: Dataset, progress) -> Proof:
-    fixed_cfg = with_overrides(cfg, fix.overrides)
+def prove_seeds(case: Case, fix: Fix, progress) -> Proof:
+    """The fix and FP32 trained `diagnose.seed_steps` steps on each of `diagnose.seeds` seeds."""
+    dcfg, data = case.dcfg, case.data
+    fixed_cfg = with_overrides(case.cfg, fix.overrides)
     fp32, fixed = [], []
     objective, direction = "", ""
     for k in range(dcfg.seeds):
