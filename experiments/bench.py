@@ -19,13 +19,13 @@ host. Memory: the peak RSS of the default `python -m ampgan.train` run, and RSS
 over a long in-process run (`--memory-steps`). Results: outputs/bench/bench.md,
 outputs/bench/bench.json, and an MLflow run in the experiment "ampgan-bench".
 
-    python -m experiments.bench                    # everything, ~45 min on 2 CPU cores (30+ of them the memory run)
-    python -m experiments.bench --memory-steps 0   # without the long memory run, ~13 min
-    python -m experiments.bench --quick            # fewer rounds, smaller blocks, short memory runs (~7 min)
+    python -m experiments.bench                    # the headline sections (make bench), in under 15 min on 2 cores
+    python -m experiments.bench --full             # every section, the 20000-step memory run, 5 repeats (make bench-full)
+    python -m experiments.bench --quick            # fewer rounds, smaller blocks, a short memory run
     python -m experiments.bench --device GPU       # on a GPU machine: AMP's real speed-up too
     python -m experiments.bench --only diagnose --no-startup   # diagnose's replay cost alone
     python -m experiments.bench --only memory --no-startup     # memory alone
-    python -m experiments.bench --only "ampgan vs bare"        # the three bare-loop comparisons
+    python -m experiments.bench --only "ampgan vs bare"        # the six bare-loop comparisons
     python -m experiments.bench --only "data parallel" --no-startup   # 1 vs 2 workers (msrun), the all-reduce's share
     python -m experiments.bench --only "ampgan vs bare,gradient health,tracking to" --repeats 25 --no-startup  # the headline pairs, 100 rounds
     python -m experiments.bench --quick --only "activation headroom" --no-startup   # activation headroom's cost alone
@@ -77,7 +77,8 @@ O2_DYNAMIC = ["amp=o2", "scaler=dynamic"]
 LIKE_BARE = ["trainer.grad_health=false", "tracking=none"]  # what the bare loops leave out
 
 HOST_CYCLE = TrainerConfig.log_every   # a host block's steps: whole cycles of the default log cadence
-HOST_ROUNDS = 10   # about this many rounds (at least) also time a synced host block (StepClock.synced)
+HOST_ROUNDS = 6    # about this many rounds (at least) also time a synced host block (StepClock.synced): on
+                   # the slow-step models (classifier, ResNet, LM) the 10-step host blocks were 90% of the section
 
 # The targets: the most a feature (or ampgan itself) may cost, as a ratio over its baseline.
 TARGET_AMPGAN_VS_BARE = 1.02
@@ -385,10 +386,10 @@ def _comparisons(store: str, device: str, quick: bool):
                      "fixed scale 1024)",
                      {"TrainOneStepCell": lambda: ModelTrainRunner(False, device),
                       "ampgan cell": lambda: ModelTrainRunner(True, device)},
-                     "TrainOneStepCell", 4 * it, target=TARGET_MODEL_CELL, rounds=HEADLINE_ROUNDS)
+                     "TrainOneStepCell", 4 * it, target=TARGET_MODEL_CELL, rounds=HEADLINE_ROUNDS, full_only=True)
     yield Comparison("calibration: one loop against its twin (WGAN-GP O2 dynamic, health off, no tracking)",
                      {"a": lambda: amp(o2 + LIKE_BARE), "b": lambda: amp(o2 + LIKE_BARE)}, "a", short,
-                     rounds=HEADLINE_ROUNDS)  # the same work twice: how far from 1.00 the bench reads it
+                     rounds=HEADLINE_ROUNDS, full_only=True)  # the same work twice: how far from 1.00 the bench reads it
     yield Comparison("gradient health (WGAN-GP O2 dynamic, no tracking)",
                      {"off": lambda: amp(o2 + LIKE_BARE), "on": lambda: amp(o2 + ["tracking=none"])}, "off", short,
                      target=TARGET_HEALTH, rounds=HEADLINE_ROUNDS)
@@ -400,7 +401,8 @@ def _comparisons(store: str, device: str, quick: bool):
                          CLASSIFIER + ["trainer.batch_size=64"])):
         on = model + O2_DYNAMIC + ["tracking=none"]
         yield Comparison(name, {"off": lambda o=on: amp(o + ["trainer.headroom=false"]), "on": lambda o=on: amp(o)},
-                         "off", cycle, target=TARGET_HEADROOM, rounds=HEADLINE_ROUNDS if model is GAN else 1.0)
+                         "off", cycle, target=TARGET_HEADROOM, rounds=HEADLINE_ROUNDS if model is GAN else 1.0,
+                         full_only=model is not GAN)
     yield Comparison("tracking to MLflow at the default cadence (WGAN-GP O2 dynamic)",
                      {"none": lambda: amp(o2 + ["tracking=none"]), "mlflow": lambda: amp(o2 + ["tracking.background=never"]),
                       "mlflow, helper process": lambda: amp(o2 + ["tracking.background=always"])}, "none", short,
@@ -450,7 +452,7 @@ def replay_cost(label: str, model: list[str], store: str, device: str, quick: bo
     from ampgan.diagnose.replay import record_reference, replay_amp
 
     n = 4 if quick else 12
-    rounds = max(3, repeats) + (0 if quick else 3)
+    rounds = max(3, repeats)
     overrides = model + O2_DYNAMIC + ["tracking=none"]
     s = settings_for(overrides, device)
     data = load_data(s)
@@ -570,7 +572,8 @@ def memory(store: str, device: str, quick: bool, steps: int, full: bool = False)
     return out
 
 
-STARTUP_ROUNDS = 5  # paired rounds (ampgan, then the floor; cold, then warm) of the start-up figures
+STARTUP_ROUNDS = 3  # paired rounds (ampgan, then the floor; cold, then warm) of the start-up figures (--full: 5)
+FULL_STARTUP_ROUNDS = 5
 STARTUP_PHASES = ("startup/imports_s", "startup/build_s", "startup/store_s", "startup/first_step_s")
 
 
@@ -941,7 +944,7 @@ def sections(args: argparse.Namespace, repeats: int, memory_steps: int, store: s
         out.append(Section("diagnose replay vs training",
                            lambda: {"rows": diagnose_cost(store, args.device, args.quick, repeats)}))
     if not args.no_startup:
-        rounds = args.startup_rounds or (2 if args.quick else STARTUP_ROUNDS)
+        rounds = args.startup_rounds or (2 if args.quick else FULL_STARTUP_ROUNDS if args.full else STARTUP_ROUNDS)
         out.append(Section("start-up", lambda: {"startup": startup(scratch, args.device, rounds)}))
     if not args.no_startup or "sweep" in only:
         out.append(Section(f"per-job overhead: a serial {len(SWEEP_CLIP_NORMS)}-job clip sweep",

@@ -116,10 +116,11 @@ def test_the_default_bench_measures_the_headline_sections_and_full_adds_the_rest
     full = [s.name for s in sections(_args(full=True), 5, 20000, "sqlite://", tmp_path)]
     for headline in ("ampgan vs bare MindSpore (WGAN-GP", "ampgan vs bare MindSpore: language model", "gradient health",
                      "activation headroom (", "tracking to MLflow", "loss-scale strategy", "diagnose replay", "start-up",
-                     "ampgan's step cell vs MindSpore's TrainOneStepCell",
                      "per-job overhead"):
         assert any(n.startswith(headline) for n in default), headline
     extra = set(full) - set(default)
+    for beside in ("ampgan's step cell vs MindSpore's TrainOneStepCell", "calibration", "activation headroom: classifier"):
+        assert any(n.startswith(beside) for n in extra), beside   # not headline figures: bench-full's
     assert any(n.startswith("jit vs PYNATIVE") for n in extra) and any(n.startswith("scaling:") for n in extra)
     assert any(n.startswith("data parallel") for n in extra) and any(n.startswith("AMP level") for n in extra)
     assert default == [n for n in full if n in default]   # the same order
