@@ -505,6 +505,48 @@ def op_locate_cost(store: str, device: str, repeats: int) -> list[dict]:
             ratio_row(name, "op-level locate (AMP + FP32 twin, every op hooked)", located, step, "training step")]
 
 
+# the whole diagnose command against one training run of the same configuration and length:
+# (label, the run's overrides). The default run, shortened to 300 steps and under O2 (a bare
+# `python -m ampgan.diagnose` diagnoses O2 with MindSpore's dynamic scale), and a case whose every
+# AMP step overflows, so that its interventions all replay (the corpus's temperature net).
+DIAGNOSED_WHOLE = (("the default run, O2 dynamic, 300 steps", ["amp=o2", "scaler=dynamic", "trainer.max_steps=300"]),
+                   ("every-step overflow: a user's attention net at temperature 1e6, 200 steps",
+                    ["+experiment=case_temperature_attention"]))
+TARGET_DIAGNOSE_WHOLE = 4.0
+VERDICT_EXITS = (0, 1, 3, 4, 5)   # python -m ampgan.diagnose: a verdict (2 is bad input)
+
+
+def diagnose_whole(scratch: Path, device: str, rounds: int) -> list[dict]:
+    """`python -m ampgan.diagnose` as a user runs it (horizon over the run's length, replay, locate,
+    every intervention replayed; its report and MLflow run), against `python -m ampgan.train` of the
+    same configuration and length: whole commands, start-up included, in alternating order for
+    `rounds` rounds. One row pair per `DIAGNOSED_WHOLE` case; the figure is ms per command."""
+    env = {**os.environ, "AMPGAN_OUTPUTS": str(scratch), "GLOG_v": "3"}
+    uri = f"tracking.uri=sqlite:///{scratch / 'whole.db'}"
+    rows = []
+    for label, overrides in DIAGNOSED_WHOLE:
+        commands = {"training (python -m ampgan.train)": [sys.executable, "-m", "ampgan.train", *overrides, uri,
+                                                          f"hardware={device.lower()}"],
+                    "diagnose (python -m ampgan.diagnose)": [sys.executable, "-m", "ampgan.diagnose", *overrides, uri,
+                                                             f"hardware={device.lower()}", "diagnose.progress=false"]}
+        times: dict[str, list[float]] = {name: [] for name in commands}
+        for r in range(rounds):
+            for name in list(commands) if r % 2 == 0 else list(commands)[::-1]:
+                started = time.perf_counter()
+                proc = subprocess.run(commands[name], env=env, capture_output=True, cwd=scratch)
+                times[name].append(time.perf_counter() - started)
+                ok = proc.returncode in (VERDICT_EXITS if "diagnose" in name else (0,))
+                if not ok:
+                    tail = proc.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+                    raise AmpganError(f"bench: {name} on {label} exited {proc.returncode}: {tail[0][:200]}")
+            print(f"    {label}: round {r + 1} of {rounds}", flush=True)
+        name = f"diagnose, whole command vs one training run ({label}; ms per command)"
+        base = "training (python -m ampgan.train)"
+        rows += [ratio_row(name, variant, ts, times[base], base, None if variant == base else TARGET_DIAGNOSE_WHOLE)
+                 for variant, ts in times.items()]
+    return rows
+
+
 def default_run_peak_rss(device: str, max_steps: int | None = None) -> dict:
     """Peak RSS of `python -m ampgan.train` at its defaults (a child process), its store and outputs in a temp folder.
 
@@ -943,6 +985,9 @@ def sections(args: argparse.Namespace, repeats: int, memory_steps: int, store: s
     if not only or "diagnose" in only:
         out.append(Section("diagnose replay vs training",
                            lambda: {"rows": diagnose_cost(store, args.device, args.quick, repeats)}))
+    if args.full and not only or "whole command" in only:
+        out.append(Section("diagnose, whole command vs one training run",
+                           lambda: {"rows": diagnose_whole(scratch, args.device, 1 if args.quick else 2)}))
     if not args.no_startup:
         rounds = args.startup_rounds or (2 if args.quick else FULL_STARTUP_ROUNDS if args.full else STARTUP_ROUNDS)
         out.append(Section("start-up", lambda: {"startup": startup(scratch, args.device, rounds)}))

@@ -119,13 +119,16 @@ def test_the_default_bench_measures_the_headline_sections_and_full_adds_the_rest
                      "per-job overhead"):
         assert any(n.startswith(headline) for n in default), headline
     extra = set(full) - set(default)
-    for beside in ("ampgan's step cell vs MindSpore's TrainOneStepCell", "calibration", "activation headroom: classifier"):
+    for beside in ("ampgan's step cell vs MindSpore's TrainOneStepCell", "calibration", "activation headroom: classifier",
+                   "diagnose, whole command vs one training run"):
         assert any(n.startswith(beside) for n in extra), beside   # not headline figures: bench-full's
     assert any(n.startswith("jit vs PYNATIVE") for n in extra) and any(n.startswith("scaling:") for n in extra)
     assert any(n.startswith("data parallel") for n in extra) and any(n.startswith("AMP level") for n in extra)
     assert default == [n for n in full if n in default]   # the same order
     only = [s.name for s in sections(_args(only="jit vs", no_startup=True), 3, 0, "sqlite://", tmp_path)]
     assert len(only) == 1 and only[0].startswith("jit vs PYNATIVE")   # named by --only: measured
+    whole = [s.name for s in sections(_args(only="whole command", no_startup=True), 3, 0, "sqlite://", tmp_path)]
+    assert whole == ["diagnose, whole command vs one training run"]
 
 
 def test_compare_reads_the_last_table_and_an_earlier_one_and_refuses_a_missing_one(tmp_path, monkeypatch, capsys):
