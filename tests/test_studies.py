@@ -276,7 +276,8 @@ def test_the_wgan_study_judges_its_reference_on_its_last_evaluations_and_its_ful
     quick = next(o for o in wgan_amp.STUDY.quick if o.startswith("+arm/wgan_data=")).split("=", 1)[1].split(",")
     arms = str(params["+arm/wgan_amp"]).split(",")
     full = next(o for o in wgan_amp.STUDY.full if o.startswith("+arm/wgan_amp=")).split("=", 1)[1].split(",")
-    assert default == ["gaussians8_long"] and quick == default
+    assert default == ["gaussians8_long", "digits_long"] and quick == ["gaussians8_long"]   # both data sets, each with its bar
+    assert {b.facet for b in wgan_amp.STUDY.bars} == set(default)
     assert len(str(params["trainer.seed"]).split(",")) == 5 and set(arms) < set(full) and "fp32" in arms
     (bar,) = [b for b in wgan_amp.STUDY.bars if b.facet == "gaussians8_long"]
     assert (bar.metric, bar.threshold, bar.last) == ("modes_covered", 7, 3)
