@@ -119,6 +119,8 @@ def skips_nonfinite(s: Settings) -> bool:
 def _scale_fixes(s: Settings, common: ScaleFit | None, cause: str = "scaler") -> list[Fix]:
     best = common.best() if common is not None else None
     scale = best or 1024.0
+    if scale < 1:   # the scale that fits is below any loss scale a scaler can start from (>= 1): none fixes it
+        return []
     why = ("the low end of the loss-scale range every layer fits" if common is not None and common.fits
            else "the highest loss scale that does not overflow (no single scale fits every layer)")
     fixes = []
