@@ -22,6 +22,10 @@ if _os.environ.get(TELEMETRY_OPT_IN, "").strip().lower() not in ("1", "true", "y
 
 __version__ = "0.1.0"
 
+# the tags of a run that should be diagnosed: the trainer's loop and a user's script's callback set them
+WARNING_TAG = "ampgan.warning"        # why the run should be diagnosed, and the command that does it
+NEXT_COMMAND_TAG = "ampgan.next_command"   # that command alone
+
 
 class AmpganError(Exception):
     """A user-facing error: bad config, missing hardware. Printed as one line, exit code 2."""

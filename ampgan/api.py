@@ -279,12 +279,13 @@ def train_step(net_with_loss, optimizer, amp: str = "O2", scaler: str = "dynamic
     `nn.TrainOneStepWithLossScaleCell` does; a skipped (non-finite) step leaves the optimizer
     (and its `global_step`, so a learning-rate schedule) untouched. Further settings:
     `health` (True: gradient-health reductions in the measuring variant of the step),
-    `measure_every` (10: which steps measure when no `api.callback` says), `jit` (True).
+    `headroom` (True, with `health`: each leaf cell's max |output| there too, so `api.callback`
+    logs train/act_max_abs and float16's train/headroom), `measure_every` (10: which steps measure when no `api.callback` says), `jit` (True).
     Bad input raises `ampgan.AmpganError` with one line. See docs/own-script.md."""
     from ampgan.amp.user_scalers import scaler_config
     from ampgan.steps.user_step import build_train_step
 
-    own = {k: settings.pop(k) for k in ("keep_fp32", "health", "measure_every", "jit") if k in settings}
+    own = {k: settings.pop(k) for k in ("keep_fp32", "health", "measure_every", "jit", "headroom") if k in settings}
     cfg = scaler_config(scaler, settings, "api.train_step")
     return build_train_step(net_with_loss, optimizer, cfg, amp, **own)
 

@@ -13,7 +13,8 @@ import pytest
 from mindspore import nn
 from mindspore.train import Model
 
-from ampgan import AmpganError, api
+from ampgan import NEXT_COMMAND_TAG, WARNING_TAG, AmpganError, api
+from ampgan.amp.activations import PEAK_PREFIX, Recording
 from ampgan_corpus.users.annealed_sharpening import AnnealedNet
 from tests.conftest import all_runs, functional_step
 
@@ -62,7 +63,7 @@ def test_a_non_finite_loss_leaves_the_state_before_it_and_the_call_that_diagnose
         assert b["input_0"].shape == (first_bad - kept, 16, 1, 8, 8) and b["input_1"].shape == (first_bad - kept, 16)
         x, _ = blobs()
         np.testing.assert_array_equal(b["input_0"][0], x[kept * 16:(kept + 1) * 16])   # the very batches, in order
-    line = [ln for ln in err.splitlines() if ln.startswith("ampgan: step")]
+    line = [ln for ln in err.splitlines() if ln.startswith("ampgan: step") and "the loss is not finite" in ln]
     assert len(line) == 1 and f"step {first_bad}: the loss is not finite" in line[0]
     assert "ampgan.api.diagnose(AnnealedNet, loss=CrossEntropyLoss(...), optimizer=lambda params: Adam(" in line[0]
     assert f'start="{folder}"' in line[0]
@@ -124,6 +125,44 @@ def test_a_loss_that_fails_in_fp32_too_is_not_blamed_on_float16(outputs, capsys)
     assert verdict.name == "not_amp" and verdict.exit_code == 3 and not verdict.fixes
 
 
+def headroom_history(client, run_id: str) -> dict[int, float]:
+    return {m.step: m.value for m in client.get_metric_history(run_id, "train/headroom")}
+
+
+def test_a_headroom_warning_records_the_state_before_it_while_every_loss_is_still_finite(outputs, capsys):
+    """Item 5's other trigger: the sharpening's output nears 65504 log steps before the loss goes
+    non-finite. At the first log step whose train/headroom (65504 / the largest leaf-cell output,
+    measured in ampgan's cell) is under `headroom_warn` (8), the recorder saves the state of the log
+    step before it and the block's batches, tags the run as the trainer's loop tags a warning, and
+    prints the diagnose call; it goes on, and the non-finite loss later leaves its own recording.
+    The replay from the warning's state reaches the overflow ahead and confirms a fix."""
+    callback, err = train_until_it_fails(outputs, capsys)
+    warned, failed = callback.headroom_recording, callback.recording
+    assert warned is not None and failed is not None
+    assert warned.name == "headroom-recording" and warned.parent == failed.parent
+    w = json.loads((warned / "recording.json").read_text())
+    at = w["first_bad_step"]
+    assert at % 5 == 0 and w["step"] == at - 5 and w["steps_recorded"] == 5
+    assert at < json.loads((failed / "recording.json").read_text())["first_bad_step"]
+    assert w["failure"].startswith(f"step {at}: train/headroom ") and "< headroom_warn=8" in w["failure"]
+    client, runs = all_runs(outputs)
+    (run,) = runs
+    history = headroom_history(client, run.info.run_id)
+    assert history[at] < 8 <= min(v for step, v in history.items() if step < at)   # the first log step under it
+    assert run.data.tags[WARNING_TAG].startswith(f"step {at}: train/headroom ")
+    call = run.data.tags[NEXT_COMMAND_TAG]
+    assert call.startswith("ampgan.api.diagnose(AnnealedNet") and call.endswith(f'start="{warned}")')
+    assert run.data.tags["ampgan.headroom_recording"] == str(warned)
+    lines = [ln for ln in err.splitlines() if ln.startswith("ampgan: step")]
+    assert len(lines) == 2 and lines[0].startswith(f"ampgan: step {at}: train/headroom ") and call in lines[0]
+
+    verdict = api.diagnose(sharpened, data=blobs(), loss=nn.CrossEntropyLoss(), optimizer=adam, start=warned,
+                           overrides=("diagnose.mode=synced",), echo=lambda *a, **k: None)
+    # before the forward overflow at `sharpen`, the gradient of `head` overflows float16 at any loss scale
+    assert verdict.name == "overflow" and verdict.layer == "head"
+    assert verdict.fixes and verdict.fixes[0].text == "amp=o1 amp.keep_fp32=[head]"
+
+
 # ---------------------------------------------------------------- the monitor's recorder: a functional loop
 def float16_growth(steps: int) -> np.float32:
     """The sharpening after `steps` steps when each `factor * growth` is computed in float16."""
@@ -167,7 +206,7 @@ def test_a_functional_loops_monitor_records_the_state_before_its_first_non_finit
     assert {"scaler/scale_value", "scaler/counter"} <= set(state) and any(k.startswith("optimizer/") for k in state)
     # as of the kept step; MindSpore's O2 rewrites the user's `factor * growth` into float16 too
     assert state["net/sharpen.factor"].asnumpy() == float16_growth(kept)
-    line = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("ampgan: step")]
+    line = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("ampgan: step") and "not finite" in ln]
     assert len(line) == 1 and f'start="{folder}"' in line[0] and "ampgan.api.diagnose(AnnealedNet" in line[0]
     _, runs = all_runs(outputs)
     (run,) = runs
@@ -188,3 +227,37 @@ def test_a_monitor_without_batches_or_with_record_off_records_nothing_and_a_miss
             mon.step(ms.Tensor(1.0), ms.Tensor(True), scaler, batch=(ms.Tensor(np.ones((2, 2), np.float32)),))
             mon.step(ms.Tensor(1.0), ms.Tensor(True), scaler)
     assert "was given at step 1 but not at step 2" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_functional_loops_monitor_measures_headroom_and_records_its_warning(outputs, capsys):
+    """The monitor measures the activation peaks inside the user's own compiled step (a holder
+    around each leaf cell for the `with` block), logs train/headroom at its log steps, and records
+    the first under the factor as the callback does; after the block the net is as it was, and no
+    recording holds the monitor's peaks."""
+    monitor = functional_until_it_fails()
+    warned = monitor.headroom_recording
+    assert warned is not None and warned.name == "headroom-recording" and monitor.recording is not None
+    at = json.loads((warned / "recording.json").read_text())["first_bad_step"]
+    client, runs = all_runs(outputs)
+    (run,) = runs
+    history = headroom_history(client, run.info.run_id)
+    assert sorted(history) == [1] + list(range(5, 61, 5))
+    assert history[at] < 8 <= min(v for step, v in history.items() if step < at)
+    assert history[1] > 1000 and history[60] == 0.0   # the peaks are the block's: large headroom first, none once inf
+    assert run.data.tags[WARNING_TAG].startswith(f"step {at}: train/headroom ")
+    assert run.data.tags["model"].endswith("AnnealedNet")   # the user's class, not MindSpore's O2 wrapper
+    net = monitor.settings["net"]
+    assert not any(isinstance(cell, Recording) for _, cell in net.cells_and_names())
+    for folder in (warned, monitor.recording):
+        assert not any(PEAK_PREFIX in name for name in ms.load_checkpoint(str(folder / "state.ckpt")))
+
+
+def test_headroom_settings_are_checked_and_can_be_turned_off(outputs, capsys):
+    for build in (api.callback, api.monitor):
+        with pytest.raises(AmpganError, match="headroom_warn must be a number > 1") as err:
+            build(headroom_warn=1)
+        assert "\n" not in str(err.value)
+    monitor = functional_until_it_fails(steps=45, headroom=False)
+    assert monitor.headroom_recording is None and monitor.recording is not None
+    client, runs = all_runs(outputs)
+    assert client.get_metric_history(runs[0].info.run_id, "train/headroom") == []

@@ -41,6 +41,7 @@ from ampgan.amp.cell_paths import child_path
 from ampgan.amp.policy import put_cell
 
 NOT_REACHED = -1.0   # a peak the step's forward passes never set (|y| >= 0 otherwise)
+PEAK_PREFIX = "ampgan_act_peak"   # the peaks' Parameter names: ampgan's instruments, no state of the user's net
 
 
 
@@ -103,7 +104,7 @@ class ActivationPeaks:
         leaves = leaf_cells(net, root)
         tag = root or "net"
         self.paths = tuple(path for path, _, _ in leaves)
-        self.slots = tuple(ms.Parameter(ms.Tensor(NOT_REACHED, ms.float32), name=f"ampgan_act_peak.{tag}.{i}",
+        self.slots = tuple(ms.Parameter(ms.Tensor(NOT_REACHED, ms.float32), name=f"{PEAK_PREFIX}.{tag}.{i}",
                                         requires_grad=False) for i in range(len(leaves)))
         # (parent, attribute, the cell, its holder) for every place a leaf cell sits in
         self.places = [(parent, name, cell, holder)
@@ -146,6 +147,13 @@ class ActivationPeaks:
             return ops.stack(list(slots))
 
         return reset, read
+
+
+def reset_peaks(peaks: ActivationPeaks) -> None:
+    """Every peak of `peaks` back to NOT_REACHED, from the host (in place: a compiled step sees it)."""
+    not_reached = ms.Tensor(NOT_REACHED, ms.float32)
+    for slot in peaks.slots:
+        ops.assign(slot, not_reached)
 
 
 def no_reset() -> ms.Tensor:

@@ -26,6 +26,7 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from ampgan import AmpganError
+from ampgan.amp.activations import ActivationPeaks
 from ampgan.amp.health import grad_health, no_health
 from ampgan.amp.policy import apply_amp, check_keep_paths, resolve_cell_types
 from ampgan.amp.scalers import build_scaler
@@ -107,15 +108,16 @@ class UserTrainStep(nn.Cell):
     `__call__(*batch) -> (loss, overflow, loss_scale)`. The cell runs its compiled step itself
     (`ms.jit`); `__call__` bypasses MindSpore's own compile of the cell (tested in PYNATIVE mode).
     Steps whose status is read (`measure_next`, set by `api.callback` for its log steps; else
-    the first and every `measure_every`-th call) run the measuring variant, with gradient health;
-    the others run the plain variant. `last_status`/`last_measured`: the newest step's packed
+    the first and every `measure_every`-th call) run the measuring variant, with gradient health
+    and (`headroom`) each leaf cell's max |output| (`ampgan.amp.activations`); the others run the
+    plain variant. `last_status`/`last_measured`: the newest step's packed
     status (a device tensor, not fetched) and whether it was measured; `step` decodes it.
     """
 
     ampgan_step = True   # what api.callback looks for
 
     def __init__(self, net_with_loss: nn.Cell, optimizer, scaler_cfg, amp: str = "O2", keep_fp32=(),
-                 health: bool = True, measure_every: int = 10, jit: bool = True):
+                 health: bool = True, measure_every: int = 10, jit: bool = True, headroom: bool = True):
         super().__init__(auto_prefix=False)
         if not isinstance(net_with_loss, nn.Cell):
             raise AmpganError(f"api.train_step: net_with_loss must be a mindspore.nn.Cell that returns the loss "
@@ -151,8 +153,10 @@ class UserTrainStep(nn.Cell):
             loss = network(*inputs).astype(ms.float32).reshape(())
             return scaler.scale(loss), ops.stack([loss])
 
+        # the activation peaks of the net's leaf cells, measured with the gradient health (float16 headroom)
+        peaks = ActivationPeaks(net_amp, "") if health and headroom else None
         self.step: Step = make_step(loss_fn_, optimizer_weights(optimizer), optimizer, self.scaler,
-                                    grad_health if health else no_health, LOSSES, jit)
+                                    grad_health if health else no_health, LOSSES, jit, peaks=peaks)
         self.measure_every = measure_every
         self.measure_next: bool | None = None
         self.calls = 0
@@ -192,5 +196,5 @@ class UserTrainStep(nn.Cell):
 
 
 def build_train_step(net_with_loss, optimizer, scaler_cfg, amp: str = "O2", keep_fp32=(), health: bool = True,
-                     measure_every: int = 10, jit: bool = True) -> UserTrainStep:
-    return UserTrainStep(net_with_loss, optimizer, scaler_cfg, amp, keep_fp32, health, measure_every, jit)
+                     measure_every: int = 10, jit: bool = True, headroom: bool = True) -> UserTrainStep:
+    return UserTrainStep(net_with_loss, optimizer, scaler_cfg, amp, keep_fp32, health, measure_every, jit, headroom)

@@ -23,10 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from ampgan import AmpganError, outputs_dir
+from ampgan import NEXT_COMMAND_TAG, WARNING_TAG, AmpganError, outputs_dir
 from ampgan.amp.cell_paths import unwrapped
+from ampgan.amp.float16 import low_headroom
 from ampgan.amp.state import training_state
-from ampgan.tracking.recorder import FlightRecorder, describe_cell, diagnose_call, qualname
+from ampgan.tracking.recorder import HEADROOM_RECORDING, FlightRecorder, describe_cell, diagnose_call, qualname
 from ampgan.tracking.tracker import DIRECTION_TAG, OBJECTIVE_TAG, MlflowTracker
 
 try:   # `mindspore.train.Callback`: Model.train calls its hooks (and enters it as a context manager)
@@ -48,6 +49,9 @@ def _settings(who: str, settings: dict, allowed: dict) -> dict:
     out = {**allowed, **settings}
     if not isinstance(out["log_every"], int) or out["log_every"] < 1:
         raise AmpganError(f"{who}: log_every must be an integer >= 1, got {out['log_every']!r}")
+    warn = out.get("headroom_warn", 2.0)
+    if isinstance(warn, bool) or not isinstance(warn, (int, float)) or not warn > 1:
+        raise AmpganError(f"{who}: headroom_warn must be a number > 1 (as trainer.headroom_warn), got {warn!r}")
     return out
 
 
@@ -171,7 +175,7 @@ class AmpganCallback(_Callback):
     trainer's own `NetState`, given by `ampgan.api`).
     """
 
-    DEFAULTS = {"log_every": 10, "flush_every": 500, "run_name": "", "record": True}
+    DEFAULTS = {"log_every": 10, "flush_every": 500, "run_name": "", "record": True, "headroom_warn": 8.0}
 
     def __init__(self, experiment: str | None = None, tracking_uri: str | None = None,
                  status_reader: Callable | None = None, **settings):
@@ -186,6 +190,7 @@ class AmpganCallback(_Callback):
         self._recorder: FlightRecorder | None = None
         self._last_step = self._last_logged = 0
         self.recording: Path | None = None   # the flight recording, once the loss went non-finite
+        self.headroom_recording: Path | None = None   # the one of the first log step whose headroom fell low
 
     @property
     def run_id(self) -> str | None:
@@ -270,43 +275,64 @@ class AmpganCallback(_Callback):
     def _drain(self, step: int) -> None:
         if not step or step == self._last_logged:
             return
-        self._record(step)
         metrics: dict[str, float] = {}
         if self._reader is not None:
             _, metrics = self._reader.drain()
         elif self._tuple is not None:
             metrics = self._tuple.drain()
+        self._record(step, metrics)
         self._last_logged = step
         self.run.log(metrics, step)
 
-
-    def _record(self, step: int) -> None:
-        """At a block's end: keep the state when every loss of the block was finite; at the first
-        block that was not, write the recording, tag the run and print the call that diagnoses it."""
+    def _record(self, step: int, metrics: dict[str, float]) -> None:
+        """At a block's end (`metrics`: its drained metrics): at the first block with a non-finite
+        loss, write the recording, tag the run and print the call that diagnoses it (once); at the
+        first whose float16 headroom fell under `headroom_warn`, the same into `headroom-recording/`
+        (once); then keep the state, every loss so far being finite."""
         rec = self._recorder
         if rec is None:
             return
         bad = rec.first_bad()
-        if bad is None:
-            rec.keep(self._cell.state_tensors(), step)
+        if bad is not None:
+            self._recorder = None   # once per run: the first bad step is the one to diagnose
+            self.recording = record_failure(rec, bad, describe_cell(self._cell), self.run)
             return
-        self._recorder = None   # once per run: the first bad step is the one to diagnose
-        self.recording = record_failure(rec, bad, describe_cell(self._cell), self.run)
+        low = low_headroom(metrics, self.settings["headroom_warn"], "headroom_warn")
+        if low and self.headroom_recording is None:
+            self.headroom_recording = record_headroom(rec, step, low, describe_cell(self._cell), self.run)
+        rec.keep(self._cell.state_tensors(), step)
 
 
 def record_failure(rec: FlightRecorder, bad: int, describe: dict, run) -> Path:
     """The first non-finite loss at step `bad`: write the recording into the run's folder, tag the
     run, and print the one line with the call that diagnoses it from there; the recording's folder."""
-    import sys
-
     describe = {**describe, "failure": f"train/loss not finite at step {bad}", "run_id": run.run_id or ""}
     folder = rec.write(run.folder, bad, describe)
     run.tracker.set_tags({"ampgan.recording": str(folder), "ampgan.first_bad_step": str(bad)})
-    since = bad - rec.step
-    print(f"ampgan: step {bad}: the loss is not finite; the state after step {rec.step} and the {since} "
+    _announce(rec, bad, "the loss is not finite", describe, folder)
+    return folder
+
+
+def record_headroom(rec: FlightRecorder, step: int, why: str, describe: dict, run) -> Path:
+    """Float16 headroom under the warning factor at log step `step` (every loss still finite, `why`
+    in words): write the state before the block and its batches into `headroom-recording/`, tag the
+    run as the trainer's loop tags a warning, print the diagnose call; the recording's folder."""
+    describe = {**describe, "failure": f"step {step}: {why}", "run_id": run.run_id or ""}
+    folder = rec.write(run.folder, step, describe, HEADROOM_RECORDING)
+    call = diagnose_call(describe, folder)
+    run.tracker.set_tags({WARNING_TAG: f"step {step}: {why}; next: {call}", NEXT_COMMAND_TAG: call,
+                          "ampgan.headroom_recording": str(folder)})
+    _announce(rec, step, why, describe, folder)
+    return folder
+
+
+def _announce(rec: FlightRecorder, step: int, what: str, describe: dict, folder: Path) -> None:
+    import sys
+
+    since = step - rec.step
+    print(f"ampgan: step {step}: {what}; the state after step {rec.step} and the {since} "
           f"batch{'es' if since != 1 else ''} since are saved in {folder}. Diagnose from there: "
           f"{diagnose_call(describe, folder)}", file=sys.stderr, flush=True)
-    return folder
 
 
 class _NotOverflow:
@@ -350,7 +376,15 @@ class Monitor:
     they are) and `train/max_abs_grad`, `train/nonfinite`. A non-finite step counts as skipped
     unless the scaler applies non-finite steps (ampgan's `none`, `static`/`fixed_clip` with
     `skip_nonfinite=false`). Settings: `log_every` (10), `net`, `optimizer`, `amp`, `loss` (recorded
-    as params and tags when given), `run_name`, `flush_every`, `record` (True).
+    as params and tags when given), `run_name`, `flush_every`, `record` (True), `headroom` (True),
+    `headroom_warn` (8.0).
+
+    Activation headroom: given `net` and a float16 `amp` (O1-O3), the monitor puts a holder around
+    each leaf cell of the net for the length of the `with` block (`ampgan.amp.activations`: the
+    cell runs as before, and its max |output| is folded into a float32 Parameter), so the user's
+    step, compiled or not, measures its activation peaks; at each log step the monitor reads the
+    peaks of the block's steps, logs `train/act_max_abs` and `train/headroom` (65504 / the peak),
+    and resets them. Enter the monitor before the step's first call (its compile).
 
     The flight recorder, as the callback's: given `net` and `optimizer`, and each step's `batch`
     (the step's inputs, `monitor.step(..., batch=(x, y))`), the monitor keeps the state of the net,
@@ -361,7 +395,7 @@ class Monitor:
     """
 
     DEFAULTS = {"log_every": 10, "flush_every": 500, "run_name": "", "net": None, "optimizer": None, "amp": None,
-                "loss": None, "record": True}
+                "loss": None, "record": True, "headroom": True, "headroom_warn": 8.0}
 
     def __init__(self, experiment: str | None = None, tracking_uri: str | None = None, **settings):
         self.settings = _settings("api.monitor", settings, self.DEFAULTS)
@@ -374,6 +408,8 @@ class Monitor:
         self._scaler = self._scaler_wrapper = None   # the loop's scaler: its state (inner), its settings (wrapper)
         self._recorder: FlightRecorder | None = None
         self.recording: Path | None = None   # the flight recording, once the loss went non-finite
+        self.headroom_recording: Path | None = None   # the one of the first log step whose headroom fell low
+        self._peaks = self._watching = None   # the net's leaf-cell peaks, while the block runs
 
     @property
     def run_id(self) -> str | None:
@@ -381,22 +417,54 @@ class Monitor:
 
     def __enter__(self):
         self.run.start(*self._params())
+        self._watch()
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if self.run.open:
-            if exc is None:
-                self._drain()
-            self.run.end(exc)
+        try:
+            if self.run.open:
+                if exc is None:
+                    self._drain()
+                self.run.end(exc)
+        finally:
+            if self._watching is not None:   # the net's cells in their own places again
+                self._watching.__exit__(None, None, None)
+                self._watching = None
         return False
+
+    def _watch(self) -> None:
+        """Measure the activation peaks of a float16 `net` (settings `net`, `amp`, `headroom`)."""
+        s = self.settings
+        if not s["headroom"] or s["net"] is None or str(s["amp"] or "O0").upper() not in ("O1", "O2", "O3"):
+            return
+        from ampgan.amp.activations import ActivationPeaks
+
+        peaks = ActivationPeaks(s["net"], "")
+        if len(peaks):
+            self._peaks, self._watching = peaks, peaks.watching()
+            self._watching.__enter__()
+
+    def _peak_metrics(self) -> dict[str, float]:
+        """The block's activation peak and float16 headroom (one fetch), the peaks reset for the next block."""
+        if self._peaks is None:
+            return {}
+        from ampgan.amp.activations import NOT_REACHED, headroom, reset_peaks
+
+        values = np.array([float(_number(slot)) for slot in self._peaks.slots])
+        reached = values[~(values < 0)]   # NOT_REACHED is negative; a NaN peak was reached
+        reset_peaks(self._peaks)
+        if not reached.size:
+            return {}
+        peak = float(np.max(reached)) if np.all(np.isfinite(reached)) else float("nan")
+        return {"train/act_max_abs": peak, "train/headroom": headroom(peak)}
 
     def _params(self) -> tuple[dict, dict]:
         s = self.settings
         params: dict[str, str] = {"trainer.log_every": str(self.log_every)}
         tags: dict[str, str] = {"data": "user"}
         net, opt, amp = s["net"], s["optimizer"], s["amp"]
-        if net is not None:
-            params["model.net._target_"] = tags["model"] = qualname(net)
+        if net is not None:   # the user's class, not MindSpore's AMP wrapper around it
+            params["model.net._target_"] = tags["model"] = qualname(unwrapped(net))
             if hasattr(net, "trainable_params"):
                 params["model.params"] = str(int(sum(p.size for p in net.trainable_params())))
         if opt is not None:
@@ -442,20 +510,25 @@ class Monitor:
         self.run.tracker.set_tags({"scaler": name})
 
     def _drain(self) -> None:
-        self._record()
         metrics = self.status.drain()
         metrics.update(self._health)
+        metrics.update(self._peak_metrics())
         self._health = {}
+        self._record(metrics)
         self.run.log(metrics, self.steps)
 
-    def _record(self) -> None:
-        """At a block's end: keep the state when every loss since the last keep was finite; at the
-        first block that was not, write the recording, tag the run and print the diagnose call."""
+    def _record(self, metrics: dict[str, float]) -> None:
+        """At a block's end (`metrics`: its metrics), as the callback's: the first block with a
+        non-finite loss is recorded (once), and so is the first whose float16 headroom fell under
+        `headroom_warn` (once); then the state is kept, every loss so far being finite."""
         rec, s = self._recorder, self.settings
         if rec is None:
             return
         bad = rec.first_bad()
         if bad is None:
+            low = low_headroom(metrics, s["headroom_warn"], "headroom_warn")
+            if low and self.headroom_recording is None and rec.state is not None:
+                self.headroom_recording = record_headroom(rec, self.steps, low, self._describe(), self.run)
             rec.keep(training_state(s["net"], s["optimizer"], self._scaler), self.steps)
             return
         self._recorder = None   # once per run

@@ -15,7 +15,12 @@ state kept is the one before it. When a block shows a non-finite loss, the recor
         batches.npz      the batches of the steps after it, up to and including the first bad one
                          (`input_<i>`: shape (steps, batch, ...) per input of the step)
 
-It is written under a temporary name and renamed when complete. `ampgan.api.diagnose(...,
+A float16 run whose activation headroom (65504 / the largest leaf-cell output, measured at a log
+step) falls under the warning factor is recorded the same way, once, in `headroom-recording/`:
+the state before that log step and its block's batches, all still finite. The recorder goes on,
+so a later non-finite loss still leaves `recording/`.
+
+Each is written under a temporary name and renamed when complete. `ampgan.api.diagnose(...,
 start=<folder>)` replays from it beside an FP32 twin on the same batches (diagnose converts it
 into a checkpoint set of its own task).
 """
@@ -33,7 +38,8 @@ import numpy as np
 
 from ampgan import AmpganError
 
-RECORDING = "recording"
+RECORDING = "recording"                  # the state before the first non-finite loss
+HEADROOM_RECORDING = "headroom-recording"  # the state before the log step whose float16 headroom fell low
 MANIFEST = "recording.json"
 STATE = "state.ckpt"
 BATCHES = "batches.npz"
@@ -106,11 +112,12 @@ class FlightRecorder:
                 return self.step + i + 1
         return None
 
-    def write(self, run_folder: Path, first_bad: int, describe: dict) -> Path:
-        """The recording of the kept state and the window's batches up to `first_bad`; its folder."""
+    def write(self, run_folder: Path, first_bad: int, describe: dict, name: str = RECORDING) -> Path:
+        """The recording of the kept state and the window's batches up to `first_bad`, in the run
+        folder's `name` (RECORDING; HEADROOM_RECORDING for a headroom warning); its folder."""
         import mindspore as ms
 
-        final, tmp = run_folder / RECORDING, run_folder / f".{RECORDING}.partial"
+        final, tmp = run_folder / name, run_folder / f".{name}.partial"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         ms.save_checkpoint([{"name": k, "data": ms.Tensor(v)} for k, v in self.state.items()], str(tmp / STATE))

@@ -15,13 +15,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ampgan.amp.float16 import FP16_MAX
+from ampgan import NEXT_COMMAND_TAG, WARNING_TAG
+from ampgan.amp.float16 import low_headroom
 from ampgan.training import checkpoint
 
 log = logging.getLogger("ampgan")
 
-WARNING_TAG = "ampgan.warning"        # why the run should be diagnosed, and the command that does it
-NEXT_COMMAND_TAG = "ampgan.next_command"   # that command alone
 
 
 def fit(task, tracker, cfg, run_dir: Path, start_step: int = 0, compiled: bool = True) -> dict[str, float]:
@@ -145,11 +144,9 @@ def warning_reason(metrics: dict[str, float], nonfinite_run: int, threshold: flo
     In order: the smallest `<net>/headroom` (FP16_MAX / the net's largest leaf-cell output, float16
     runs) under `threshold`; a loss or an activation peak that is not finite, or losses non-finite
     in the newest step (`nonfinite_run`)."""
-    low = sorted((v, k) for k, v in metrics.items() if k.endswith("/headroom") and not v >= threshold)
+    low = low_headroom(metrics, threshold, "trainer.headroom_warn")
     if low:
-        value, key = low[0]
-        return (f"{key} {value:.3g} < trainer.headroom_warn={threshold:g}: an activation is within "
-                f"{value:.3g}x of float16's largest value {FP16_MAX:g} (a forward overflow ahead)")
+        return low
     bad = [k for k, v in metrics.items() if k.endswith(("/loss", "/act_max_abs")) and not math.isfinite(v)]
     if bad or nonfinite_run:
         return f"{', '.join(bad) or 'the losses'} not finite"
