@@ -299,8 +299,9 @@ def callback(experiment: str | None = None, tracking_uri: str | None = None, **s
     FINISHED with training, FAILED if training raises. Model's network must be
     `api.train_step(...)` (or MindSpore's TrainOneStepWithLossScaleCell): a plain TrainOneStepCell
     returns no status and is one `ampgan.AmpganError` line. Settings: `log_every`, `run_name`, `record`
-    (True: the flight recorder, which saves the state before the first non-finite loss),
-    `flush_every`. `.run_id` after training. See docs/own-script.md."""
+    (True: the flight recorder, which saves the state before the first non-finite loss, and
+    before the first log step whose float16 headroom is under `headroom_warn`, 8), `flush_every`.
+    `.run_id`, `.recording` and `.headroom_recording` after training. See docs/own-script.md."""
     from ampgan.tasks.base import NetState
     from ampgan.tracking.callback import AmpganCallback
 
@@ -321,7 +322,9 @@ def monitor(experiment: str | None = None, tracking_uri: str | None = None, **se
     The same store, tags and metrics as `api.callback`, read every `log_every` steps (10). The run
     ends FINISHED when the block ends, FAILED (the error recorded) when it raises. With `net`,
     `optimizer` and each step's `batch`, its flight recorder saves the state before the first
-    non-finite loss and prints the `api.diagnose(..., start=...)` call (`record=False`: off)."""
+    non-finite loss and prints the `api.diagnose(..., start=...)` call (`record=False`: off).
+    Under `amp` O1-O3 it watches `net`'s leaf-cell outputs for the block (`headroom=False`: off),
+    logs train/headroom and records the state before the first headroom under `headroom_warn` (8)."""
     from ampgan.tracking.callback import Monitor
 
     return Monitor(experiment, tracking_uri, **settings)
