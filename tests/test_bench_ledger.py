@@ -116,10 +116,11 @@ def test_the_default_bench_measures_the_headline_sections_and_full_adds_the_rest
     full = [s.name for s in sections(_args(full=True), 5, 20000, "sqlite://", tmp_path)]
     for headline in ("ampgan vs bare MindSpore (WGAN-GP", "ampgan vs bare MindSpore: language model", "gradient health",
                      "activation headroom (", "tracking to MLflow", "loss-scale strategy", "diagnose replay", "start-up",
-                     "per-job overhead"):
+                     "per-job overhead", "ampgan's step cell vs MindSpore's TrainOneStepCell under Model.train (",
+                     "ampgan's step cell vs MindSpore's TrainOneStepCell under Model.train in GRAPH_MODE"):
         assert any(n.startswith(headline) for n in default), headline
     extra = set(full) - set(default)
-    for beside in ("ampgan's step cell vs MindSpore's TrainOneStepCell", "calibration", "activation headroom: classifier",
+    for beside in ("calibration", "activation headroom: classifier",
                    "diagnose, whole command vs one training run"):
         assert any(n.startswith(beside) for n in extra), beside   # not headline figures: bench-full's
     assert any(n.startswith("jit vs PYNATIVE") for n in extra) and any(n.startswith("scaling:") for n in extra)
@@ -165,8 +166,10 @@ def test_the_step_cell_section_runs_after_an_earlier_section_started_mindspores_
 
     ms.Tensor(np.ones(2, np.float32)) + 1   # a kernel: the runtime is up (no set_device: an earlier test may have started it)
     for ampgan_cell in (True, False):
-        runner = ModelTrainRunner(ampgan_cell, "CPU")
-        before = [p.asnumpy().copy() for p in runner.model.train_network.trainable_params()]
-        runner.run(3)
-        after = [p.asnumpy() for p in runner.model.train_network.trainable_params()]
-        assert any(not np.array_equal(a, b) for a, b in zip(before, after)), ampgan_cell
+        for graph in (False, True):
+            runner = ModelTrainRunner(ampgan_cell, "CPU", graph=graph)
+            before = [p.asnumpy().copy() for p in runner.model.train_network.trainable_params()]
+            runner.run(3)
+            after = [p.asnumpy() for p in runner.model.train_network.trainable_params()]
+            assert any(not np.array_equal(a, b) for a, b in zip(before, after)), (ampgan_cell, graph)
+            assert ms.get_context("mode") == ms.PYNATIVE_MODE   # a GRAPH_MODE block leaves the next section's mode as it was
