@@ -254,6 +254,18 @@ def test_a_loud_activation_warns_once_and_tags_the_diagnose_command(outputs, tmp
     assert client.get_metric_history(quiet.info.run_id, "train/headroom")[0].value > 8
 
 
+def test_diagnoses_replays_of_a_loud_run_give_no_warning(caplog):
+    """A replay is not a run to diagnose: the loop that diagnose drives (verify's training, with
+    `Progress(warns=False)`) trains the loud net without the warning that its run gives."""
+    from ampgan.diagnose.verify import _train
+
+    s = validate(compose_cfg(*LOUD, "+model.net.knob=16384", "tracking=none"))
+    with caplog.at_level(logging.WARNING, logger="ampgan"):
+        objective, _, value = _train(s, build_dataset(s.data), 4)
+    assert objective and math.isfinite(value)   # it trained
+    assert not [r for r in caplog.records if "python -m ampgan.diagnose" in r.getMessage()]
+
+
 def test_warning_reasons():
     """Headroom under the threshold first; else a non-finite loss or activation peak, or losses
     non-finite in the newest step; else none."""

@@ -74,7 +74,8 @@ def test_mindcv_model_trains_under_model_train_with_ampgan_cell_and_callback(out
     assert {"amp": "O2", "scaler": "dynamic", "ampgan.source": "callback"}.items() <= run.data.tags.items()
     assert run.data.params["model.net._target_"].endswith("MobileNetV1")
     assert run.data.params["scaler.window"] == "20" and run.data.params["model.lr"] == "0.01"
-    for key in ("train/loss", "train/scale", "train/skipped", "train/underflow", "train/max_abs_scaled_grad"):
+    for key in ("train/loss", "train/scale", "train/skipped", "train/underflow", "train/max_abs_scaled_grad",
+                "train/act_max_abs", "train/headroom"):
         assert key in run.data.metrics, key
     steps = [m.step for m in client.get_metric_history(cb.run_id, "train/loss")]
     assert steps == [1, 5, 8, 10, 15, 16, 20, 24]          # the log cadence and the epoch ends
@@ -134,6 +135,7 @@ def test_monitor_logs_a_functional_loop_and_ends_finished_or_failed(outputs):
     assert [m.step for m in client.get_metric_history(mon.run_id, "train/loss")] == [1, 5, 10, 12]
     assert run.data.metrics["train/scale"] == 2.0**10 and run.data.metrics["train/skipped"] == 0
     assert "train/underflow" in run.data.metrics and run.data.tags["ampgan.source"] == "monitor"
+    assert run.data.metrics["train/steps"] == 12 and run.data.metrics["train/skipped_total"] == 0   # the run's totals
 
     with pytest.raises(RuntimeError, match="broke"):
         with api.monitor(tracking_uri=uri, experiment="script", log_every=5) as failing:
@@ -225,3 +227,9 @@ def test_a_mindcv_model_under_model_train_follows_ampgans_own_trainer_step_for_s
     _, runs = all_runs(outputs)
     (script_run,) = [r for r in runs if r.info.run_id == callback.run_id]
     assert script_run.data.metrics["train/loss"] == pytest.approx(script_losses[-1], rel=1e-6)
+    trainer_metrics = {k for k in trainer_run.data.metrics if k.startswith("train/")}
+    # the trainer's metric names, all but its classifier's own accuracy (the user's loss cell gives the loss
+    # only) and its early stop (Model.train does not stop a run whose losses stay non-finite)
+    assert trainer_metrics - set(script_run.data.metrics) == {"train/acc", "train/diverged"}
+    assert script_run.data.metrics["train/steps"] == 20 and script_run.data.metrics["train/skipped_total"] == sum(
+        r[1] for r in rec.rows)

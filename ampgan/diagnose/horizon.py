@@ -136,7 +136,7 @@ def train_course(s: Settings, data: Dataset, label: str, steps: int, dcfg, start
     # loss is known to lie in that block, whose start has a checkpoint set (blocks end on multiples of `every`)
     cfg = replace(s.trainer, max_steps=max(end, recover_to or 0), log_every=10**9, print_every=10**9,
                   print_seconds=0.0, eval_every=0, layer_health_every=0, checkpoint_every=every, keep_checkpoints=10**6)
-    watch, loop = _LossWatch(), Progress(10**9, start_step, 10**9, 0.0)   # a total never reached: no status line
+    watch, loop = _LossWatch(), Progress(10**9, start_step, 10**9, 0.0, warns=False)   # a total never reached: no status line
     loop.past_first = True   # nor a first-step line or start-up metric: this is not a run
     started = time.perf_counter()
 

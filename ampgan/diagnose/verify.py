@@ -203,7 +203,8 @@ def _train(s: Settings, data: Dataset, steps: int) -> tuple[str, str, float]:
     task = build_seeded(s, data)
     cfg = replace(s.trainer, max_steps=steps, eval_every=0, checkpoint_every=0, layer_health_every=0,
                   print_every=steps, print_seconds=0.0)
-    run_steps(task, NullTracker(), cfg, None, range(1, steps + 1), Progress(steps, 0, cfg.print_every, 0.0))
+    run_steps(task, NullTracker(), cfg, None, range(1, steps + 1),
+              Progress(steps, 0, cfg.print_every, 0.0, warns=False))
     return task.objective, task.direction, float(task.evaluate()[task.objective])
 
 

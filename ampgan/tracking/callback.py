@@ -156,6 +156,13 @@ class TupleStatus:
                 f"{p}/skipped": float(self.skipped), f"{p}/finite": float(all(r[1] for r in rows))}
 
 
+def run_totals(steps: int, skipped: int, prefix: str = "train") -> dict[str, float]:
+    """The trainer's end-of-run totals that a script's run has too: the steps trained
+    (`train/steps`) and skipped in all (`<net>/skipped_total`). Not `train/diverged`: the trainer
+    stops a run whose losses stay non-finite, `Model.train` and a user's loop do not."""
+    return {"train/steps": float(steps), f"{prefix}/skipped_total": float(skipped)}
+
+
 def _array(value) -> np.ndarray:
     return np.asarray(value.asnumpy() if hasattr(value, "asnumpy") else value)
 
@@ -265,7 +272,10 @@ class AmpganCallback(_Callback):
 
     def on_train_end(self, run_context):
         if self.run.open:
-            self._drain(run_context.original_args().cur_step_num)
+            step = run_context.original_args().cur_step_num
+            self._drain(step)
+            counter = self._reader if self._reader is not None else self._tuple
+            self.run.log(run_totals(step, counter.skipped), step)
             self.run.end(None)
 
     # ---------------------------------------------------------------- internals
@@ -425,6 +435,7 @@ class Monitor:
             if self.run.open:
                 if exc is None:
                     self._drain()
+                    self.run.log(run_totals(self.steps, self.status.skipped), self.steps)
                 self.run.end(exc)
         finally:
             if self._watching is not None:   # the net's cells in their own places again

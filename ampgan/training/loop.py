@@ -224,14 +224,16 @@ class Progress:
     """One status line: step, main losses, loss scales, skipped steps, speed, time left.
 
     Due every `every` steps and at least every `seconds` seconds (0: steps only), and at the end.
+    `warns=False`: the loop gives no warning (diagnose's replays: a replay is not a run to diagnose).
     """
 
-    def __init__(self, total: int, start_step: int = 0, every: int = 200, seconds: float = 0.0, compiles: bool = True):
+    def __init__(self, total: int, start_step: int = 0, every: int = 200, seconds: float = 0.0, compiles: bool = True,
+                 warns: bool = True):
         self.total, self.start_step, self.every, self.seconds = total, start_step, every, seconds
         self.first_note = "compiling" if compiles else "compiled steps reused"
         self.start = self.last = time.perf_counter()
         self.past_first = False  # the first step's line was printed: speed counts from there
-        self.warned = False      # the run's one warning was given (`warn_once`)
+        self.warned = not warns  # the run's one warning was given (`warn_once`), or is not to be given
 
     def due(self, step: int) -> bool:
         timed = self.seconds > 0 and time.perf_counter() - self.last >= self.seconds
