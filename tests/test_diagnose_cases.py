@@ -59,6 +59,7 @@ def test_case(case: Case):
     check(case, run_case(case))
 
 
+@pytest.mark.slow   # 76 s; the same case through the command runs in `make test` (test_case)
 def test_the_temperature_net_through_the_python_api(outputs):
     """The same user's net through `ampgan.api.diagnose`, as a script passes it: a mindspore.dataset
     pipeline of the digits, a loss Cell and an optimizer factory. overflow at line 27 of the user's

@@ -185,6 +185,7 @@ TRAJECTORY = ["model=classifier", "data=digits", "data.image_size=16", "model.ne
               "trainer.seed=0"]
 
 
+@pytest.mark.slow   # 142 s: two trainings of the mindcv net; `make test` keeps the other mindcv Model.train test
 def test_a_mindcv_model_under_model_train_follows_ampgans_own_trainer_step_for_step(outputs, tmp_path):
     """The same mindcv net, seed, batches, optimizer, O2 and dynamic scale: its losses under
     `Model.train` with ampgan's cell and callback track `python -m ampgan.train`'s within float16's
