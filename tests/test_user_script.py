@@ -106,6 +106,42 @@ def test_a_skipped_step_does_not_advance_the_optimizer_or_its_schedule():
         np.testing.assert_allclose(p.asnumpy(), q.asnumpy(), rtol=1e-3, atol=1e-6)
 
 
+class CountingStatus:
+    """A test double for a step's packed status: it counts the reads cut out of it."""
+
+    def __init__(self, packed):
+        self.packed, self.reads = packed, []
+
+    def __getitem__(self, i):
+        self.reads.append(i)
+        return self.packed[i]
+
+
+def test_the_step_cells_outputs_are_a_tuple_of_three_read_only_when_asked():
+    from ampgan.steps.common import FINITE, SCALE
+    from ampgan.steps.user_step import StepOutputs
+
+    ms.set_seed(1)
+    net = SmallNet()
+    cell = api.train_step(nn.WithLossCell(net, nn.CrossEntropyLoss()), nn.SGD(net.trainable_params(), 0.1),
+                          amp="O2", scaler="dynamic", health=False)
+    x = ms.Tensor(np.ones((4, 1, 8, 8), np.float32))
+    out = cell(x, ms.Tensor(np.arange(4, dtype=np.int32)))
+    loss, overflow, scale = out                          # as from TrainOneStepWithLossScaleCell
+    assert isinstance(out, tuple) and len(out) == 3 and len(list(out)) == 3
+    assert np.isfinite(float(loss.asnumpy())) and not bool(overflow.asnumpy()) and float(scale.asnumpy()) == 2.0**16
+    assert out[-1] is scale and out[0] is loss and out[:2] == (loss, overflow) and overflow in out
+    assert str(float(loss.asnumpy()))[:5] in repr(out)
+
+    status = CountingStatus(np.array([1.5, 1.0, 1.0, 8.0, 0.0, 0.0]))   # loss, then STATUS_FIELDS
+    lazy = StepOutputs(status, 1)
+    assert status.reads == []                            # nothing is cut out until it is read
+    assert lazy[2] == 8.0 and lazy[2] == 8.0 and status.reads == [1 + SCALE]   # once
+    assert bool(lazy[1]) is False and status.reads == [1 + SCALE, 1 + FINITE]
+    with pytest.raises(IndexError):
+        lazy[3]
+
+
 # ---------------------------------------------------------------- functional loop + monitor
 def _functional(steps: int, monitor, fail_at: int | None = None):
     from sklearn.datasets import load_digits

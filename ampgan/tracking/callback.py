@@ -49,7 +49,7 @@ def _settings(who: str, settings: dict, allowed: dict) -> dict:
     out = {**allowed, **settings}
     if not isinstance(out["log_every"], int) or out["log_every"] < 1:
         raise AmpganError(f"{who}: log_every must be an integer >= 1, got {out['log_every']!r}")
-    warn = out.get("headroom_warn", 2.0)
+    warn = out["headroom_warn"]
     if isinstance(warn, bool) or not isinstance(warn, (int, float)) or not warn > 1:
         raise AmpganError(f"{who}: headroom_warn must be a number > 1 (as trainer.headroom_warn), got {warn!r}")
     return out
@@ -319,7 +319,7 @@ def record_failure(rec: FlightRecorder, bad: int, describe: dict, run) -> Path:
     describe = {**describe, "failure": f"train/loss not finite at step {bad}", "run_id": run.run_id or ""}
     folder = rec.write(run.folder, bad, describe)
     run.tracker.set_tags({"ampgan.recording": str(folder), "ampgan.first_bad_step": str(bad)})
-    _announce(rec, bad, "the loss is not finite", describe, folder)
+    _announce(rec, bad, "the loss is not finite", folder, diagnose_call(describe, folder))
     return folder
 
 
@@ -332,17 +332,17 @@ def record_headroom(rec: FlightRecorder, step: int, why: str, describe: dict, ru
     call = diagnose_call(describe, folder)
     run.tracker.set_tags({WARNING_TAG: f"step {step}: {why}; next: {call}", NEXT_COMMAND_TAG: call,
                           "ampgan.headroom_recording": str(folder)})
-    _announce(rec, step, why, describe, folder)
+    _announce(rec, step, why, folder, call)
     return folder
 
 
-def _announce(rec: FlightRecorder, step: int, what: str, describe: dict, folder: Path) -> None:
+def _announce(rec: FlightRecorder, step: int, what: str, folder: Path, call: str) -> None:
     import sys
 
     since = step - rec.step
     print(f"ampgan: step {step}: {what}; the state after step {rec.step} and the {since} "
           f"batch{'es' if since != 1 else ''} since are saved in {folder}. Diagnose from there: "
-          f"{diagnose_call(describe, folder)}", file=sys.stderr, flush=True)
+          f"{call}", file=sys.stderr, flush=True)
 
 
 class _NotOverflow:
