@@ -28,6 +28,24 @@ def own_only(own_finite, all_sum):
     return own_finite
 
 
+class Planted:
+    """A rank's share of a task whose inputs are multiplied by `plant["factor"]` on the
+    `plant["call"]`-th iteration (a planted overflow on this rank only); otherwise the share."""
+
+    def __init__(self, share, plant: dict):
+        self.share, self.plant, self.calls = share, plant, 0
+
+    def __getattr__(self, name: str):
+        return getattr(self.share, name)
+
+    def train_step(self, step: int, measure: bool = True) -> None:
+        self.calls += 1
+        subs = self.share.step_inputs()
+        if self.calls == self.plant["call"]:
+            subs = [(name, (inputs[0] * self.plant["factor"],) + tuple(inputs[1:])) for name, inputs in subs]
+        self.share.task.run_inputs(step, subs, measure)
+
+
 def main(plan_path: str) -> int:
     from ampgan.steps import parallel as step_parallel
     from ampgan.training import parallel, rank
@@ -41,19 +59,10 @@ def main(plan_path: str) -> int:
         plant = job.get("plant")
 
         def planted_shard(task, batch_size, plant=plant):
-            task = shard(task, batch_size)
+            share = shard(task, batch_size)
             if plant and parallel.rank() == plant["rank"]:
-                inner, calls = task.step_inputs, [0]
-
-                def step_inputs():
-                    calls[0] += 1
-                    out = inner()
-                    if calls[0] == plant["call"]:
-                        out = [(name, (inputs[0] * plant["factor"],) + tuple(inputs[1:])) for name, inputs in out]
-                    return out
-
-                task.step_inputs = step_inputs
-            return task
+                return Planted(share, plant)
+            return share
 
         parallel.shard = planted_shard
         step_parallel.agree_finite = own_only if job.get("unsynced") else agree

@@ -16,6 +16,7 @@ CALLERS = {
     "ampgan/training/entry.py": ("Trainable", "Evaluable"),
     "ampgan/training/checkpoint.py": ("Checkpointable",),
     "ampgan/training/graph_pool.py": ("Poolable",),
+    "ampgan/training/parallel.py": ("Shardable",),
     "ampgan/diagnose/horizon.py": ("Evaluable",),
     "ampgan/diagnose/replay.py": ("Replayable",),
     "ampgan/diagnose/locate.py": ("Replayable",),
@@ -26,10 +27,18 @@ CALLERS = {
 
 
 def touched(path) -> set[str]:
-    """The attributes read of any name `task` (or `fp32_task`, `pooled`) in a module's source."""
+    """The attributes read of any name `task` (or `fp32_task`, `pooled`), or of a wrapper's
+    `self.task`, in a module's source."""
     names = {"task", "fp32_task", "pooled"}
+
+    def is_task(value) -> bool:
+        if isinstance(value, ast.Name):
+            return value.id in names
+        return (isinstance(value, ast.Attribute) and value.attr == "task" and isinstance(value.value, ast.Name)
+                and value.value.id == "self")
+
     return {node.attr for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in names}
+            if isinstance(node, ast.Attribute) and is_task(node.value)}
 
 
 @pytest.mark.parametrize("module", sorted(CALLERS))
@@ -55,3 +64,6 @@ def test_a_caller_reaching_past_its_protocol_is_found(tmp_path):
     source.write_text("def f(task):\n    task.train_step(1)\n    return task.optimizers\n")
     allowed = members(ROLES["Trainable"])
     assert touched(source) - allowed == {"optimizers"}
+    wrapper = tmp_path / "wrapper.py"
+    wrapper.write_text("class W:\n    def f(self):\n        self.task.run_inputs(1, [], True)\n        return self.task.nets\n")
+    assert touched(wrapper) - members(ROLES["Shardable"]) == {"nets"}

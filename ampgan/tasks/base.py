@@ -187,6 +187,19 @@ class TaskBase:
     def states(self) -> list[NetState]:
         raise NotImplementedError
 
+    def step_inputs(self) -> list[tuple[str, tuple]]:
+        """One iteration's sub-steps and their inputs, drawn in training order."""
+        raise NotImplementedError
+
+    def run_inputs(self, step: int, subs: list[tuple[str, tuple]], measure: bool) -> None:
+        """Launch one iteration's sub-steps on `subs` (as `step_inputs` draws them, or a share
+        of them); `measure`: its statuses will be read."""
+        raise NotImplementedError
+
+    def train_step(self, step: int, measure: bool = True) -> None:
+        """Launch one iteration on the sub-steps `step_inputs` draws."""
+        self.run_inputs(step, self.step_inputs(), measure)
+
     def roots(self) -> dict[str, ms.nn.Cell]:
         raise NotImplementedError
 

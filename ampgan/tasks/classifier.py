@@ -73,9 +73,9 @@ class ClassifierTask(TaskBase):
         x, y = self.batches.next()
         return [("train", (ms.Tensor(x), ms.Tensor(y)))]
 
-    def train_step(self, step: int, measure: bool = True) -> None:
+    def run_inputs(self, step: int, subs: list[tuple[str, tuple]], measure: bool) -> None:
         """Launch one step; `measure`: with gradient health (its status will be read)."""
-        for _, inputs in self.step_inputs():
+        for _, inputs in subs:
             self.state.launch(step, inputs, measure)
 
     @contextlib.contextmanager

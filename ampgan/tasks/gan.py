@@ -114,12 +114,11 @@ class GanTask(TaskBase):
         out.append(("gen", (self._z(self.batch_size),)))
         return out
 
-    def train_step(self, step: int, measure: bool = True) -> None:
+    def run_inputs(self, step: int, subs: list[tuple[str, tuple]], measure: bool) -> None:
         """Launch one iteration's sub-steps; `measure`: its statuses will be read. A drain reports
         each net's newest measured status (`NetState.drain`), so only each net's last sub-step of
         the iteration measures (gradient health, activation peaks); the critic's others run plain."""
         states = {"critic": self.critic_state, "gen": self.gen_state}
-        subs = self.step_inputs()
         last = {net: i for i, (net, _) in enumerate(subs)}
         for i, (net, inputs) in enumerate(subs):
             states[net].launch(step, inputs, measure and i == last[net])

@@ -7,6 +7,8 @@ caller's source, that it touches nothing of a task outside its protocols:
     Evaluable       the loop, the root and diagnose's horizon: evaluate, the objective, pictures
     Checkpointable  checkpoints: every Parameter, the host-side state
     Poolable        the graph pool: a task's compiled steps handed to the next job of its structure
+    Shardable       data parallel: a rank draws the iteration's sub-steps, launches its share of
+                    them, and reads its own statuses before they are drained
     Replayable      diagnose: the nets by root, the optimised sub-steps, their inputs, forward
                     passes and the gradient penalty, for replays, locate and the framework check
 
@@ -52,6 +54,13 @@ class Poolable(Protocol):
     def graph_parameters(self) -> dict[str, Any]: ...
 
 
+class Shardable(Protocol):
+    def states(self) -> list: ...
+    def step_inputs(self) -> list[tuple[str, tuple]]: ...
+    def run_inputs(self, step: int, subs: list[tuple[str, tuple]], measure: bool) -> None: ...
+    def metrics(self) -> list[tuple[int, dict[str, float]]]: ...
+
+
 class Replayable(Protocol):
     nets: dict
     optimizers: dict
@@ -69,7 +78,7 @@ class Replayable(Protocol):
 
 
 ROLES = {"Trainable": Trainable, "Evaluable": Evaluable, "Checkpointable": Checkpointable,
-         "Poolable": Poolable, "Replayable": Replayable}
+         "Poolable": Poolable, "Shardable": Shardable, "Replayable": Replayable}
 
 
 def members(protocol: type) -> set[str]:

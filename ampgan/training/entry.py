@@ -49,9 +49,10 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
         return parallel.launch(cfg, settings, Path(run_dir or _hydra_output_dir() or Path.cwd()), resume)
     hardware.setup(settings.hardware, settings.trainer.seed)
     data = load_data(settings)
-    task = parallel.shard(build_task(settings, data), settings.trainer.batch_size)   # a rank: its slice of each batch
-    host = checkpoint.load(task, resume) if resume is not None else {}
-    reused = settings.trainer.reuse_compiled and graph_pool.lend_graphs(task, settings)  # a sweep's next job: no compile
+    built = build_task(settings, data)
+    host = checkpoint.load(built, resume) if resume is not None else {}
+    reused = settings.trainer.reuse_compiled and graph_pool.lend_graphs(built, settings)  # a sweep's next job: no compile
+    task = parallel.shard(built, settings.trainer.batch_size)   # a rank: its slice of each batch
     run_dir = parallel.own_folder(Path(run_dir or _hydra_output_dir() or Path.cwd()))   # rank r > 0: ranks/rank-r
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
@@ -63,7 +64,7 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
         objective = _tracked_fit(task, tracker, settings, run_dir, params, startup, clock, resume, host, reused,
                                  background)
         if settings.trainer.reuse_compiled:
-            graph_pool.give_back(task, settings)
+            graph_pool.give_back(built, settings)
         return objective
     except KeyboardInterrupt:
         if settings.trainer.requeue and tracker.run_id:  # the scheduler will start this job again

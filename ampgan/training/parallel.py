@@ -73,48 +73,57 @@ def launches(workers: int) -> bool:
 
 
 def shard(task, batch_size: int):
-    """In a rank: `task` trains on its slice of each global batch, and records its own overflows."""
+    """In a rank: `task` as this rank sees it (`RankShare`): its slice of each global batch, its
+    own overflows recorded. A single process: `task` itself."""
     if _rank is None:
         return task
     r, workers = _rank
     part = batch_size // workers
-    rows = slice(r * part, (r + 1) * part)
-    every_input = task.step_inputs
-
-    def step_inputs():
-        return [(name, tuple(x[rows] if _is_batch(x, batch_size) else x for x in inputs))
-                for name, inputs in every_input()]
-
-    task.step_inputs = step_inputs
-    record = Path(os.environ[JOB_ENV]) / f"rank-{r}.jsonl"
-    record.write_text(json.dumps({"nets": [state.prefix for state in task.states()]}) + "\n")
-    for state in task.states():
-        state.drain = _recording_drain(state, record)
-    return task
+    return RankShare(task, slice(r * part, (r + 1) * part), batch_size, Path(os.environ[JOB_ENV]) / f"rank-{r}.jsonl")
 
 
 JOB_ENV = "AMPGAN_PARALLEL_JOB"   # the job folder, in every rank's environment
 
 
+class RankShare:
+    """A task wrapped for one rank of a data-parallel run; the task itself is not changed.
+
+    Each iteration's sub-steps are drawn by the task as a single process draws them (the whole
+    global batch, the same noise on every rank), and this rank launches them on its `rows`
+    (`run_inputs`). Before statuses are drained (`metrics`), each pending step whose gradients
+    were not finite on this rank is appended to `record` (a data-parallel status's `finite` is
+    the rank's own flag, `ampgan.steps.parallel`). Every other role is the task's own.
+    """
+
+    def __init__(self, task, rows: slice, batch_size: int, record: Path):
+        self.task, self.rows, self.batch_size, self.record = task, rows, batch_size, record
+        record.write_text(json.dumps({"nets": [state.prefix for state in task.states()]}) + "\n")
+
+    def __getattr__(self, name: str):   # only for what the instance lacks
+        if name == "task":
+            raise AttributeError(name)
+        return getattr(self.task, name)
+
+    def step_inputs(self) -> list[tuple[str, tuple]]:
+        """The task's sub-steps, each batch-sized input cut to this rank's rows."""
+        return [(name, tuple(x[self.rows] if _is_batch(x, self.batch_size) else x for x in inputs))
+                for name, inputs in self.task.step_inputs()]
+
+    def train_step(self, step: int, measure: bool = True) -> None:
+        self.task.run_inputs(step, self.step_inputs(), measure)
+
+    def metrics(self) -> list[tuple[int, dict[str, float]]]:
+        bad = [{"net": state.prefix, "step": step} for state in self.task.states()
+               for step, packed, _ in state.pending if not state.step.decode(packed.asnumpy()).finite]
+        if bad:
+            with open(self.record, "a") as f:
+                f.writelines(json.dumps(row) + "\n" for row in bad)
+        return self.task.metrics()
+
+
 def _is_batch(x, batch_size: int) -> bool:
     shape = getattr(x, "shape", ())
     return len(shape) > 0 and shape[0] == batch_size
-
-
-def _recording_drain(state, record: Path):
-    """`state.drain`, first noting each pending step whose gradients were not finite on this rank
-    (a data-parallel status's `finite` is the rank's own flag, `ampgan.steps.parallel`)."""
-    drain = state.drain
-
-    def recording_drain():
-        own = [(step, state.step.decode(packed.asnumpy()).finite) for step, packed, _ in state.pending]
-        bad = [step for step, finite in own if not finite]
-        if bad:
-            with open(record, "a") as f:
-                f.writelines(json.dumps({"net": state.prefix, "step": step}) + "\n" for step in bad)
-        return drain()
-
-    return recording_drain
 
 
 def write_job(job: Path, config: dict, run_dir: Path, hydra: dict | None = None) -> None:
