@@ -41,7 +41,7 @@ from pathlib import Path
 
 from ampgan.config.schema import Settings
 from ampgan.data import Dataset
-from ampgan.diagnose.replay import build_seeded, fp32_twin_settings
+from ampgan.diagnose.replay import fp32_twin_settings, pooled_task, release_task
 from ampgan.tracking.tracker import NullTracker
 from ampgan.training import checkpoint
 from ampgan.training.loop import Progress, run_steps
@@ -72,6 +72,7 @@ class Course:
     recovered_at: int | None = None   # a divergence gone by this later step (the course went on to see)
     recovered: str = ""
     task: object = None         # the trained task (the AMP course's, for the inference stage)
+    settings: Settings | None = None   # the kept task's settings (`Horizon.release` pools the task)
 
     @property
     def last_step(self) -> int:
@@ -125,11 +126,19 @@ def train_course(s: Settings, data: Dataset, label: str, steps: int, dcfg, start
     """Train `s` for `steps` steps from `start` (a checkpoint set; None: step 0) and judge its course
     (`judge_progress` False: a shortened course, where too little progress says nothing).
     `recover_to`: a course that diverged trains on to that step to see whether it recovers.
-    `keep_task`: the course holds the trained task (`Course.task`)."""
-    task = build_seeded(s, data, start)
+    `keep_task`: the course holds the trained task (`Course.task`); else the task's compiled steps
+    go back to the process's pool for the next replay of the same structure (`pooled_task`)."""
+    with pooled_task(s, data, start, keep=keep_task) as task:
+        return _course(task, s, label, steps, dcfg, start, every, folder, progress, judge_progress, recover_to,
+                       keep_task)
+
+
+def _course(task, s: Settings, label: str, steps: int, dcfg, start: Path | None, every: int, folder: Path | None,
+            progress, judge_progress: bool, recover_to: int | None, keep_task: bool) -> Course:
     start_step = checkpoint.step_of(start)
     course = Course(label, start_step, steps, task.objective, task.direction, task.objective_best,
-                    float(task.evaluate()[task.objective]), folder=folder, task=task if keep_task else None)
+                    float(task.evaluate()[task.objective]), folder=folder, task=task if keep_task else None,
+                    settings=s if keep_task else None)
     end = start_step + steps
     block = every or BLOCK
     # statuses are read once a block (the loop drains what is pending when it returns): a non-finite
@@ -184,6 +193,13 @@ class Horizon:
     start: Path | None          # where both started
     run_failed_at: int | None = None   # a diagnosed run's first failing step (its logged history)
     run_failure: str = ""
+
+    def release(self) -> None:
+        """The AMP course's kept task goes back to the process's pool once the inference stage is
+        done with it: an intervention of the same structure runs its compiled steps."""
+        if self.amp.task is not None and self.amp.settings is not None:
+            release_task(self.amp.task, self.amp.settings)
+        self.amp.task = self.amp.settings = None
 
     def lockstep_start(self) -> Path | None:
         """The newest checkpoint set the AMP run wrote before its non-finite loss (else the horizon's

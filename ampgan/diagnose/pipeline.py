@@ -78,6 +78,8 @@ def diagnose_case(case: Case, progress) -> Result:
         ref = reference_for(s, data, lockstep_length(dcfg.steps, horizon, start), progress, cache, start)
         modes = ["synced", "free"] if dcfg.mode == "both" else [dcfg.mode]
         analysis = analyse(s, dcfg, data, ref, modes, progress, dcfg.locate, framework, horizon, case.failed_at)
+        if horizon is not None:
+            horizon.release()
         result = Result(case, analysis.verdict, analysis)
         remedies(result, horizon, start, cache, progress)
     return result

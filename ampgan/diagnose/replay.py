@@ -14,6 +14,8 @@ Everything here is host-side orchestration; the compiled pieces are in `ampgan.d
 
 from __future__ import annotations
 
+import contextlib
+
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -23,7 +25,7 @@ import mindspore as ms
 import numpy as np
 
 from ampgan import AmpganError
-from ampgan.training import checkpoint, hardware
+from ampgan.training import checkpoint, graph_pool, hardware
 from ampgan.config.schema import AmpConfig, Settings
 from ampgan.data import Dataset
 from ampgan.steps.common import StepStatus
@@ -56,6 +58,27 @@ def build_seeded(s: Settings, data: Dataset, start: Path | None = None):
             for k, value in own.items():
                 params[k].set_data(ms.Tensor(value, dtype=params[k].dtype))
     return task
+
+
+@contextlib.contextmanager
+def pooled_task(s: Settings, data: Dataset, start: Path | None = None, keep: bool = False):
+    """`build_seeded`, whose task runs the compiled steps of a pooled task of the same structure
+    when the process holds one (`ampgan.training.graph_pool`: its Parameters take this task's
+    values), and goes back to the pool when the block ends without an exception (not when `keep`:
+    the caller goes on using it). Diagnose's courses, interventions and seed proofs replay few
+    structures (the run's, its FP32 twin's, an intervention's) many times: each compiles once."""
+    task = build_seeded(s, data, start)
+    if s.trainer.reuse_compiled:
+        graph_pool.lend_graphs(task, s)
+    yield task
+    if not keep:
+        release_task(task, s)
+
+
+def release_task(task, s: Settings) -> None:
+    """`task` (of settings `s`) back to the process's pool: its caller is done with it."""
+    if s.trainer.reuse_compiled:
+        graph_pool.give_back(task, s)
 
 
 def recorded_start(s: Settings, data: Dataset, rec, folder: Path) -> Path:

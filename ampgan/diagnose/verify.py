@@ -35,7 +35,7 @@ from ampgan.data import Dataset
 from ampgan.diagnose.horizon import BLOCK, Horizon, run_horizon
 from ampgan.diagnose.analysis import analyse, reference_for
 from ampgan.diagnose.case import Case
-from ampgan.diagnose.replay import build_seeded, fp32_twin_settings
+from ampgan.diagnose.replay import fp32_twin_settings, pooled_task
 from ampgan.diagnose import statistics
 from ampgan.diagnose.statistics import summaries
 from ampgan.diagnose.verdict import Fix
@@ -126,6 +126,8 @@ def verify_fixes(case: Case, fixes: list[Fix], cache: dict, progress, steps: int
                          f"replaying {longer}")
                 ref = reference_for(s, data, longer, progress, cache, start)
                 a = analyse(s, dcfg, data, ref, ["synced"], progress, with_locate=False, horizon=own)
+            if own is not None:
+                own.release()
         except AmpganError as err:   # e.g. a scaler fix whose state the start's checkpoint does not hold
             progress(f"verify: {fix.text} cannot start from {start}: {err}")
             out.append(Checked(fix, "unverifiable", float("nan"), 0, 0.0, time.perf_counter() - started))
@@ -200,12 +202,12 @@ def _fmt(xs) -> str:
 def _train(s: Settings, data: Dataset, steps: int) -> tuple[str, str, float]:
     """`steps` steps of the run through the training loop itself (no tracking, no checkpoints, no
     evaluation on the way); the task's objective, its direction and its value at the end."""
-    task = build_seeded(s, data)
     cfg = replace(s.trainer, max_steps=steps, eval_every=0, checkpoint_every=0, layer_health_every=0,
                   print_every=steps, print_seconds=0.0)
-    run_steps(task, NullTracker(), cfg, None, range(1, steps + 1),
-              Progress(steps, 0, cfg.print_every, 0.0, warns=False))
-    return task.objective, task.direction, float(task.evaluate()[task.objective])
+    with pooled_task(s, data) as task:   # a seed after the first runs the first's compiled steps
+        run_steps(task, NullTracker(), cfg, None, range(1, steps + 1),
+                  Progress(steps, 0, cfg.print_every, 0.0, warns=False))
+        return task.objective, task.direction, float(task.evaluate()[task.objective])
 
 
 def prove_seeds(case: Case, fix: Fix, progress) -> Proof:
