@@ -24,7 +24,9 @@ def run_script(name: str, outputs, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.parametrize("script", sorted(SCRIPTS))
+# model_train (58 s) in make test-full: make test keeps Model.train with ampgan's cell and callback (test_user_script)
+@pytest.mark.parametrize("script", [pytest.param(s, marks=pytest.mark.slow) if s == "model_train" else s
+                                    for s in sorted(SCRIPTS)])
 def test_the_script_runs_before_and_after_and_only_after_is_an_ampgan_run(script, outputs):
     outputs.mkdir(parents=True, exist_ok=True)
     before = run_script(f"{script}_before", outputs, *SCRIPTS[script])

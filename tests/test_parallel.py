@@ -147,6 +147,7 @@ def test_two_ranks_equal_one_process_and_a_rank_local_overflow_is_skipped_by_eve
     assert a["train.scaler/scale_value"] != b["train.scaler/scale_value"] or not all(np.isfinite(v).all() for v in a.values())
 
 
+@pytest.mark.slow   # 64 s; make test keeps the 2-rank equality with a rank-local overflow and the SIGKILL test
 def test_the_command_line_trains_one_run_on_two_workers_and_diagnose_replays_it_in_one_process(outputs):
     """`python -m ampgan.train hardware.workers=2`: msrun under the hood, one MLflow run FINISHED,
     tracked by rank 0 only, the per-rank figures in it, no process left. Then
