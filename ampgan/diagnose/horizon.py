@@ -41,9 +41,9 @@ from pathlib import Path
 
 from ampgan.config.schema import Settings
 from ampgan.data import Dataset
-from ampgan.diagnose.replay import fp32_twin_settings, pooled_task, release_task
+from ampgan.diagnose.replay import fp32_twin_settings, pooled_task
 from ampgan.tracking.tracker import NullTracker
-from ampgan.training import checkpoint
+from ampgan.training import checkpoint, graph_pool
 from ampgan.training.loop import Progress, run_steps
 
 BLOCK = 10   # steps between status reads and time checks when no checkpoint cadence sets the blocks
@@ -198,7 +198,7 @@ class Horizon:
         """The AMP course's kept task goes back to the process's pool once the inference stage is
         done with it: an intervention of the same structure runs its compiled steps."""
         if self.amp.task is not None and self.amp.settings is not None:
-            release_task(self.amp.task, self.amp.settings)
+            graph_pool.give_back(self.amp.task, self.amp.settings)
         self.amp.task = self.amp.settings = None
 
     def lockstep_start(self) -> Path | None:

@@ -15,7 +15,6 @@ Everything here is host-side orchestration; the compiled pieces are in `ampgan.d
 from __future__ import annotations
 
 import contextlib
-
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -68,16 +67,9 @@ def pooled_task(s: Settings, data: Dataset, start: Path | None = None, keep: boo
     the caller goes on using it). Diagnose's courses, interventions and seed proofs replay few
     structures (the run's, its FP32 twin's, an intervention's) many times: each compiles once."""
     task = build_seeded(s, data, start)
-    if s.trainer.reuse_compiled:
-        graph_pool.lend_graphs(task, s)
+    graph_pool.lend_graphs(task, s)
     yield task
     if not keep:
-        release_task(task, s)
-
-
-def release_task(task, s: Settings) -> None:
-    """`task` (of settings `s`) back to the process's pool: its caller is done with it."""
-    if s.trainer.reuse_compiled:
         graph_pool.give_back(task, s)
 
 

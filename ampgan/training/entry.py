@@ -51,7 +51,7 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
     data = load_data(settings)
     built = build_task(settings, data)
     host = checkpoint.load(built, resume) if resume is not None else {}
-    reused = settings.trainer.reuse_compiled and graph_pool.lend_graphs(built, settings)  # a sweep's next job: no compile
+    reused = graph_pool.lend_graphs(built, settings)  # a sweep's next job: no compile
     task = parallel.shard(built, settings.trainer.batch_size)   # a rank: its slice of each batch
     run_dir = parallel.own_folder(Path(run_dir or _hydra_output_dir() or Path.cwd()))   # rank r > 0: ranks/rank-r
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -63,8 +63,7 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
     try:
         objective = _tracked_fit(task, tracker, settings, run_dir, params, startup, clock, resume, host, reused,
                                  background)
-        if settings.trainer.reuse_compiled:
-            graph_pool.give_back(built, settings)
+        graph_pool.give_back(built, settings)
         return objective
     except KeyboardInterrupt:
         if settings.trainer.requeue and tracker.run_id:  # the scheduler will start this job again

@@ -52,7 +52,10 @@ def structure_key(s: Settings, data) -> str:
 def lend_graphs(task, s: Settings) -> bool:
     """Give `task` the compiled steps of a pooled task of the same structure, with `task`'s values.
 
-    Returns whether it did; without one `task` compiles its own steps on their first call."""
+    Returns whether it did; without one (or with `trainer.reuse_compiled` off) `task` compiles
+    its own steps on their first call."""
+    if not s.trainer.reuse_compiled:
+        return False
     key = structure_key(s, task.data)
     pooled = _pool.pop(key, None)
     if pooled is None:
@@ -71,7 +74,10 @@ def lend_graphs(task, s: Settings) -> bool:
 
 
 def give_back(task, s: Settings) -> None:
-    """Pool `task` (a job that ended well) for the next job of its structure in this process."""
+    """Pool `task` (a job that ended well) for the next job of its structure in this process
+    (nothing with `trainer.reuse_compiled` off)."""
+    if not s.trainer.reuse_compiled:
+        return
     key = structure_key(s, task.data)
     _pool[key] = task
     _pool.move_to_end(key)
