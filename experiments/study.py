@@ -11,7 +11,9 @@ is the reference, what to add after the sweep (diagnose's verdicts). Running one
     python -m experiments.<name> --sweep outputs/studies/<name>/sweep/<time>   # publish a finished sweep again
 
 1. the sweep runs as `python -m ampgan.train -m +experiment=study_<name> ...` (a parent MLflow
-   run with one child per job, and the sweep's own report);
+   run with one child per job, and the sweep's own report); a study whose default form is in
+   `parts` (a data set with its own arms) runs one such sweep per part, one after another, and
+   publishes to the first part's parent run;
 2. its runs are read back from the store; each configuration's metrics are summarised over
    seeds (mean, standard deviation, min-max, diverged seeds) and compared with the reference
    configuration by a paired t-test over the seeds both ran (same seed: same initial weights
@@ -101,6 +103,9 @@ class Study:
     reference: dict[str, str] = field(default_factory=dict)   # the configuration the others are compared with
     quick: list[str] = field(default_factory=list)  # overrides of the shortest form
     full: list[str] = field(default_factory=list)   # overrides of the full length
+    # the default form as sweeps run one after another, each with its own overrides (a data set
+    # with its own arms); empty: one sweep of the preset as it stands
+    parts: list[list[str]] = field(default_factory=list)
     facet: str | None = None          # a group key drawn as one chart panel per value (e.g. data)
     run_metrics: list[str] = field(default_factory=list)  # more MLflow metrics into the rows (last value)
     after: Callable | None = None     # after(ctx) -> extra text / rows (diagnose's verdicts)
@@ -145,6 +150,28 @@ def sweep_command(study: Study, mode: str, sweep_dir: Path, uri: str | None, ext
     cmd = [sys.executable, "-m", "ampgan.train", "-m", f"+experiment=study_{study.name}", *overrides, *extra,
            f"hydra.sweep.dir={sweep_dir}"]
     return cmd + ([f"tracking.uri={uri}"] if uri else [])
+
+
+def sweep_parts(study: Study, mode: str, extra: list[str]) -> list[list[str]]:
+    """The sweeps a form runs, one after another, each as its overrides: the study's `parts` in
+    the default form, unless the user's own overrides name a key that a part sets (then one sweep
+    of the user's overrides: e.g. `+arm/wgan_data=digits_long` for one data set)."""
+    if mode != "default" or not study.parts:
+        return [[]]
+    keys = {o.split("=", 1)[0].lstrip("+~") for part in study.parts for o in part}
+    if any(o.split("=", 1)[0].lstrip("+~") in keys for o in extra):
+        return [[]]
+    return [list(part) for part in study.parts]
+
+
+def sweep_records(folder: Path) -> list[dict]:
+    """The parent-run records of a finished sweep folder: its own, or one per part (`part-<i>/`)."""
+    own = folder / "parent_run.json"
+    files = [own] if own.exists() else sorted(folder.glob("part-*/parent_run.json"))
+    if not files:
+        raise AmpganError(f"--sweep {folder}: no parent_run.json there, nor in part-*/ (a study's sweep folder is "
+                          f"outputs/studies/<name>/sweep/<time>)")
+    return [json.loads(f.read_text()) for f in files]
 
 
 def run_sweep(cmd: list[str], sweep_dir: Path) -> dict:
@@ -572,19 +599,22 @@ def _run(study: Study, args, mode: str, answer) -> int:
     folder = Path(args.out or outputs_dir() / "studies" / (study.name + ("" if mode == "default" else f"-{mode}")))
     folder.mkdir(parents=True, exist_ok=True)
     if args.sweep:   # publish a sweep that already ran (e.g. after the runner itself was stopped)
-        record_file = Path(args.sweep) / "parent_run.json"
-        if not record_file.exists():
-            raise AmpganError(f"--sweep {args.sweep}: no parent_run.json there (a study's sweep folder is "
-                              f"outputs/studies/<name>/sweep/<time>)")
-        record = json.loads(record_file.read_text())
+        records = sweep_records(Path(args.sweep))
     else:
         sweep_dir = folder / "sweep" / time.strftime("%Y-%m-%d_%H-%M-%S")
-        cmd = sweep_command(study, mode, sweep_dir, args.uri, list(args.overrides))
-        print(f"study {study.name} ({mode}): {' '.join(cmd[1:])}", flush=True)
-        record = run_sweep(cmd, sweep_dir)
+        parts = sweep_parts(study, mode, list(args.overrides))
+        records = []
+        for i, part in enumerate(parts, 1):
+            part_dir = sweep_dir / f"part-{i}" if len(parts) > 1 else sweep_dir
+            cmd = sweep_command(study, mode, part_dir, args.uri, part + list(args.overrides))
+            print(f"study {study.name} ({mode}{f', part {i} of {len(parts)}' if len(parts) > 1 else ''}): "
+                  f"{' '.join(cmd[1:])}", flush=True)
+            records.append(run_sweep(cmd, part_dir))
+    record = records[0]   # the first part's parent run holds the study's publication
     client = make_client(record["uri"])
     parent = client.get_run(record["run_id"])
-    runs = children_of(client, parent)
+    parents = [parent] + [client.get_run(r["run_id"]) for r in records[1:]]
+    runs = [run_ for p in parents for run_ in children_of(client, p)]
     varies = study.groups + [SEED_KEY]
     rows = [summarize(client, r, varies) for r in runs]
     for r, run_ in zip(rows, runs):
@@ -594,7 +624,7 @@ def _run(study: Study, args, mode: str, answer) -> int:
         for bar in (b for b in study.bars if b.last > 1):
             history = sorted((m.step, m.value) for m in client.get_metric_history(run_.info.run_id, f"eval/{bar.metric}"))
             r[bar.column] = bar.worst_recent([v for _, v in history])
-    sweep_minutes = ((parent.info.end_time or parent.info.start_time) - parent.info.start_time) / 60000
+    sweep_minutes = sum(((p.info.end_time or p.info.start_time) - p.info.start_time) / 60000 for p in parents)
     ctx = Context(study, client, record["uri"], parent, runs, rows, seed_table(study, rows), folder, mode,
                   reuse=bool(args.sweep), started=time.perf_counter(), sweep_minutes=sweep_minutes)
     if study.after is not None:

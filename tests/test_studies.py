@@ -350,3 +350,35 @@ def test_publishing_one_study_keeps_the_sections_of_the_others(tmp_path):
     assert "### Underflow for real\nold underflow text\nmore of it" in text      # kept as it was
     assert text.startswith("intro\n") and text.endswith(f"{END}\nafter\n")
     assert (tmp_path / "docs" / "wgan_amp" / "chart.png").read_bytes() == b"png"
+
+
+def test_the_wgan_studys_default_form_runs_each_data_set_with_its_own_arms_and_a_users_choice_wins(tmp_path):
+    """`make study NAME=wgan_amp` in an hour: two sweeps, one per data set, each with the arms its
+    question needs (`STUDY.parts`); --quick and --full run one sweep; a user's own data set or
+    arms (a key a part sets) run the preset's sweep with them, not the parts on top of them."""
+    import json
+
+    from experiments.study import sweep_command, sweep_parts, sweep_records
+    from experiments.wgan_amp import STUDY as WGAN
+
+    parts = sweep_parts(WGAN, "default", [])
+    assert [p[0] for p in parts] == ["+arm/wgan_data=gaussians8_long", "+arm/wgan_data=digits_long"]
+    assert "+arm/wgan_amp=fp32,o2_dynamic,o2_underflow_aware_1" in parts[1]   # the seed's fix on the conv nets
+    runs = sum(len(p[1].split("=")[1].split(",")) for p in parts) * 5
+    assert runs == 25
+    assert sweep_parts(WGAN, "default", ["+arm/wgan_data=digits_long"]) == [[]]
+    assert sweep_parts(WGAN, "default", ["trainer.max_steps=10"]) == parts   # not a part's key: parts kept
+    assert sweep_parts(WGAN, "quick", []) == [[]] and sweep_parts(WGAN, "full", []) == [[]]
+    cmd = sweep_command(WGAN, "default", tmp_path / "part-1", None, parts[0])
+    assert cmd[cmd.index("+experiment=study_wgan_amp") + 1:][:2] == parts[0]
+    # a finished sweep folder is read back whole: its own record, or each part's
+    from ampgan import AmpganError
+
+    with pytest.raises(AmpganError, match="no parent_run.json there"):
+        sweep_records(tmp_path)
+    for i in (2, 1):
+        (tmp_path / f"part-{i}").mkdir()
+        (tmp_path / f"part-{i}" / "parent_run.json").write_text(json.dumps({"run_id": f"r{i}", "uri": "u"}))
+    assert [r["run_id"] for r in sweep_records(tmp_path)] == ["r1", "r2"]
+    (tmp_path / "parent_run.json").write_text(json.dumps({"run_id": "one", "uri": "u"}))
+    assert [r["run_id"] for r in sweep_records(tmp_path)] == ["one"]
