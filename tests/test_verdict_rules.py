@@ -410,3 +410,27 @@ def test_the_docs_show_the_rules_and_interventions_the_code_states():
                      "healthy", "unexplained"}
     assert all(f"| `{name}` |" in rules and rules.split(f"| `{name}` |")[1].split("\n")[0].endswith(f"| {code} |")
                for name, code in EXIT_CODES.items())
+
+
+# ---------------------------------------------------------------- which bad step is located
+def test_under_a_skipping_scaler_the_first_forward_overflow_is_located_not_an_earlier_backward_one():
+    """case_annealed_sharpening: the dynamic scale overflows the backward pass at step 2 (skipped,
+    the scale halves), the sharpened logits leave float16's range at step 4 (no scale ends that).
+    The step located is the forward one; without skipping, the first bad step carries its
+    non-finite update into every later one, so it is the one."""
+    from ampgan.diagnose.analysis import failure_step
+
+    kinds = ["ok", "backward", "ok", "forward", "forward", "forward"]
+    t = net_trace("train", [k == "ok" for k in kinds])
+    t.amp_losses = [{"loss": float("nan") if k == "forward" else 0.5} for k in kinds]
+    bad = [(SimpleNamespace(iteration=i, net="train"), SimpleNamespace(losses=losses))
+           for i, (k, losses) in enumerate(zip(kinds, t.amp_losses)) if k == "backward" or i == 3]
+    trace = synced({"train": t})
+    trace.bad = bad
+    skipping = validate(compose_cfg("model=classifier", "data=digits", "amp=o2", "scaler=dynamic"))
+    rs, _ = failure_step(trace, skipping, DiagnoseConfig())
+    assert rs.iteration == 3, "the forward overflow no loss scale ends"
+    applying = validate(compose_cfg("model=classifier", "data=digits", "amp=o2", "scaler=static",
+                                    "scaler.skip_nonfinite=false"))
+    rs, _ = failure_step(trace, applying, DiagnoseConfig())
+    assert rs.iteration == 1, "without skipping, the first bad step poisons the rest"

@@ -16,7 +16,7 @@ from ampgan.data import Dataset
 from ampgan.diagnose.framework import FrameworkCheck, check_penalty_gradient, compare_modes
 from ampgan.diagnose.locate import Located, first_nonfinite
 from ampgan.diagnose.ranges import ScaleFit, fit_scales
-from ampgan.diagnose.replay import (Reference, Trace, build_seeded, fp32_twin_settings, net_parameters,
+from ampgan.diagnose.replay import (Reference, Trace, build_seeded, fp32_twin_settings, loss_finite, net_parameters,
                                     record_reference, replay_amp, roots)
 from ampgan.diagnose.horizon import Horizon
 from ampgan.diagnose.inference import Inference, check_inference
@@ -94,11 +94,21 @@ def failure_step(synced: Trace, s: Settings, dcfg):
     """Of the bad sub-steps the replay kept, the one the verdict is about: the first failing net's
     first failure (after its scaler settled); else the first bad one (a scaler that skips every
     step may be finding its scale, or meeting an overflow no scale ends: the interventions tell);
-    None when no step was bad."""
+    None when no step was bad.
+
+    Under a scaler that skips non-finite steps, a failing net's first step whose loss is not finite
+    comes before any other: its forward pass left float16's range, which no loss scale changes,
+    while a backward-only overflow there is skipped and the scale lowered (the scaler at work, not
+    necessarily the failure). Without skipping, the first bad step is the cause: its update
+    carries the non-finite values into every later step."""
     skips = skips_nonfinite(s)
     failing = {n: x for n, x in summaries(synced).items() if x.failing(skips, dcfg.skip_tol)}
     if not failing:
         return synced.bad[0] if synced.bad else None
+    if skips:
+        forward = next(((rs, st) for rs, st in synced.bad if rs.net in failing and not loss_finite(st)), None)
+        if forward is not None:
+            return forward
     firsts = [(x.first_failure, n) for n, x in failing.items() if x.first_failure is not None]
     if firsts:
         iteration, net = min(firsts)

@@ -221,13 +221,19 @@ class Trace:
     summary_cache: dict = field(default_factory=dict, compare=False, repr=False)
 
 
+def loss_finite(status) -> bool:
+    """Every loss of a step's status is finite: its forward pass stayed in range."""
+    return all(np.isfinite(v) for v in status.losses.values())
+
+
 def replay_amp(s: Settings, data: Dataset, ref: Reference, modes: list[str],
                progress: Progress) -> tuple[dict[str, Trace], object, Callable]:
     """Replay the AMP run in each of `modes` ("synced", "free") against `ref`; return the traces,
     the task and its weight loader (`load(ref_step.weights)` puts a step's weights back, for locate).
 
-    Each trace keeps (`bad`) its first sub-step whose AMP loss or gradients are not finite, and each
-    net's first such sub-step after a finite one, with their statuses.
+    Each trace keeps (`bad`) its first sub-step whose AMP loss or gradients are not finite, each
+    net's first such sub-step after a finite one, and each net's first whose loss is not finite,
+    with their statuses.
     """
     task = build_seeded(s, data, ref.start)
     nets = probes(task, s.hardware.jit)
@@ -249,6 +255,7 @@ def replay_amp(s: Settings, data: Dataset, ref: Reference, modes: list[str],
                                             for n in nets}, 0.0)
         t0 = time.perf_counter()
         relocated: set[str] = set()
+        forward_kept: set[str] = set()
         for i, rs in enumerate(ref.steps):
             if mode == "synced":
                 load_weights(rs.weights)
@@ -264,16 +271,21 @@ def replay_amp(s: Settings, data: Dataset, ref: Reference, modes: list[str],
             t.fp32_losses.append(rs.status.losses)
             t.scale.append(status.scale)
             t.applied.append(status.applied)
-            bad = not status.finite or not all(np.isfinite(v) for v in status.losses.values())
+            forward_bad = not loss_finite(status)
+            bad = not status.finite or forward_bad
             t.finite.append(not bad)
-            # kept for locate: the first bad sub-step, and a net's first bad one after a finite one (a
-            # skipping scaler's first steps may be it finding its scale; a failure after that is the finding)
+            # kept for locate: the first bad sub-step, a net's first bad one after a finite one (a
+            # skipping scaler's first steps may be it finding its scale; a failure after that is the
+            # finding), and a net's first one whose loss is not finite (the forward: no scale ends it)
             after_finite = bad and any(t.finite[:-1]) and rs.net not in relocated
-            if bad and (trace.first_nonfinite is None or after_finite):
+            first_forward = forward_bad and rs.net not in forward_kept
+            if bad and (trace.first_nonfinite is None or after_finite or first_forward):
                 if trace.first_nonfinite is None:
                     trace.first_nonfinite = (rs.iteration, rs.net, i)
                 if after_finite:
                     relocated.add(rs.net)
+                if forward_bad:
+                    forward_kept.add(rs.net)
                 trace.bad.append((rs, status))
             if i + 1 == len(ref.steps) or ref.steps[i + 1].iteration != rs.iteration:
                 trace.iteration_seconds.append(time.perf_counter() - t0)
