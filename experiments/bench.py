@@ -23,7 +23,8 @@ outputs/bench/bench.json, and an MLflow run in the experiment "ampgan-bench".
     python -m experiments.bench --full             # every section, the 20000-step memory run, 5 repeats (make bench-full)
     python -m experiments.bench --quick            # fewer rounds, smaller blocks, a short memory run
     python -m experiments.bench --device GPU       # on a GPU machine: AMP's real speed-up too
-    python -m experiments.bench --only diagnose --no-startup   # diagnose's replay cost alone
+    python -m experiments.bench --only "whole command" --no-startup   # diagnose's whole command against a run
+    python -m experiments.bench --only "diagnose replay" --no-startup   # diagnose's replay cost alone
     python -m experiments.bench --only memory --no-startup     # memory alone
     python -m experiments.bench --only "ampgan vs bare"        # the six bare-loop comparisons
     python -m experiments.bench --only "data parallel" --no-startup   # 1 vs 2 workers (msrun), the all-reduce's share
@@ -263,11 +264,12 @@ class ModelTrainRunner:
 
     `graph`: the block runs in GRAPH_MODE (set for the block, PYNATIVE again after), where `Model`
     compiles MindSpore's cell whole; in the default PYNATIVE mode its cell runs op by op, while
-    ampgan's cell is compiled in either."""
+    ampgan's cell is compiled in either. `mindcv`: a mindcv model of that name (`pretrained=False`)
+    on the digits at 16x16 instead of the MLP."""
 
     SCALE = 1024.0
 
-    def __init__(self, ampgan_cell: bool, device: str, batch_size: int = 64, graph: bool = False):
+    def __init__(self, ampgan_cell: bool, device: str, batch_size: int = 64, graph: bool = False, mindcv: str = ""):
         import mindspore as ms
         import mindspore.dataset as mds
         from mindspore import nn
@@ -281,13 +283,20 @@ class ModelTrainRunner:
         ms.set_seed(0)
         d = load_digits()
         x, y = (d.images.reshape(-1, 64) / 16.0).astype(np.float32), d.target.astype(np.int32)
+        if mindcv:   # a mindcv model on the digits upsampled to 16x16, one channel
+            x = (np.repeat(np.repeat(d.images, 2, 1), 2, 2)[:, None] / 16.0).astype(np.float32)
 
         def dataset(n: int):   # n batches, cycling through the digits (`repeat()` with `take` hangs MindSpore's iterator)
             rows = np.arange(n * batch_size) % len(x)
             return mds.NumpySlicesDataset({"x": x[rows], "y": y[rows]}, shuffle=False).batch(batch_size)
 
         self._dataset = dataset
-        net = nn.SequentialCell([nn.Dense(64, 256), nn.ReLU(), nn.Dense(256, 256), nn.ReLU(), nn.Dense(256, 10)])
+        if mindcv:
+            import mindcv as cv
+
+            net = cv.create_model(mindcv, pretrained=False, num_classes=10, in_channels=1)
+        else:
+            net = nn.SequentialCell([nn.Dense(64, 256), nn.ReLU(), nn.Dense(256, 256), nn.ReLU(), nn.Dense(256, 10)])
         loss, opt = nn.CrossEntropyLoss(), nn.Adam(net.trainable_params(), learning_rate=1e-3)
         if ampgan_cell:
             self.model = Model(api.train_step(nn.WithLossCell(net, loss), opt, amp="O2", scaler="static",
@@ -405,6 +414,13 @@ def _comparisons(store: str, device: str, quick: bool):
                      {"TrainOneStepCell": lambda: ModelTrainRunner(False, device, graph=True),
                       "ampgan cell": lambda: ModelTrainRunner(True, device, graph=True)},
                      "TrainOneStepCell", 4 * it, target=TARGET_MODEL_CELL, rounds=HEADLINE_ROUNDS)
+    # the MLP's step is mostly kernel launches (about 6 ms): the cell's fixed cost per step shows
+    # whole there; on a user's conv net (mindcv's smallest) it is a share of a real step
+    yield Comparison("ampgan's step cell vs MindSpore's TrainOneStepCell under Model.train in GRAPH_MODE (mindcv "
+                     "mobilenet_v1_025 on digits 16x16, batch 32, O2, fixed scale 1024)",
+                     {"TrainOneStepCell": lambda: ModelTrainRunner(False, device, 32, graph=True, mindcv="mobilenet_v1_025"),
+                      "ampgan cell": lambda: ModelTrainRunner(True, device, 32, graph=True, mindcv="mobilenet_v1_025")},
+                     "TrainOneStepCell", 2 * it, target=TARGET_MODEL_CELL, rounds=HEADLINE_ROUNDS, full_only=True)
     yield Comparison("calibration: one loop against its twin (WGAN-GP O2 dynamic, health off, no tracking)",
                      {"a": lambda: amp(o2 + LIKE_BARE), "b": lambda: amp(o2 + LIKE_BARE)}, "a", short,
                      rounds=HEADLINE_ROUNDS, full_only=True)  # the same work twice: how far from 1.00 the bench reads it
@@ -527,22 +543,29 @@ def op_locate_cost(store: str, device: str, repeats: int) -> list[dict]:
 # (label, the run's overrides). The default run, shortened to 300 steps and under O2 (a bare
 # `python -m ampgan.diagnose` diagnoses O2 with MindSpore's dynamic scale), and a case whose every
 # AMP step overflows, so that its interventions all replay (the corpus's temperature net).
-DIAGNOSED_WHOLE = (("the default run, O2 dynamic, 300 steps", ["amp=o2", "scaler=dynamic", "trainer.max_steps=300"]),
+# (label, overrides, in the default bench): the default bench times the every-step overflow (about
+# 3 min for 2 rounds); the default run's (about 6 min for 2 rounds: its horizon trains AMP and FP32
+# over the run, each with its evaluations) is bench-full's, or `--only "whole command"`
+DIAGNOSED_WHOLE = (("the default run, O2 dynamic, 150 steps", ["amp=o2", "scaler=dynamic", "trainer.max_steps=150"],
+                    False),
                    ("every-step overflow: a user's attention net at temperature 1e6, 200 steps",
-                    ["+experiment=case_temperature_attention"]))
+                    ["+experiment=case_temperature_attention"], True))
 TARGET_DIAGNOSE_WHOLE = 4.0
 VERDICT_EXITS = (0, 1, 3, 4, 5)   # python -m ampgan.diagnose: a verdict (2 is bad input)
 
 
-def diagnose_whole(scratch: Path, device: str, rounds: int) -> list[dict]:
+def diagnose_whole(scratch: Path, device: str, rounds: int, every: bool = True) -> list[dict]:
     """`python -m ampgan.diagnose` as a user runs it (horizon over the run's length, replay, locate,
     every intervention replayed; its report and MLflow run), against `python -m ampgan.train` of the
     same configuration and length: whole commands, start-up included, in alternating order for
-    `rounds` rounds. One row pair per `DIAGNOSED_WHOLE` case; the figure is ms per command."""
+    `rounds` rounds. One row pair per `DIAGNOSED_WHOLE` case (`every`: each; else the default
+    bench's); the figure is ms per command."""
     env = {**os.environ, "AMPGAN_OUTPUTS": str(scratch), "GLOG_v": "3"}
     uri = f"tracking.uri=sqlite:///{scratch / 'whole.db'}"
     rows = []
-    for label, overrides in DIAGNOSED_WHOLE:
+    for label, overrides, in_default in DIAGNOSED_WHOLE:
+        if not (every or in_default):
+            continue
         commands = {"training (python -m ampgan.train)": [sys.executable, "-m", "ampgan.train", *overrides, uri,
                                                           f"hardware={device.lower()}"],
                     "diagnose (python -m ampgan.diagnose)": [sys.executable, "-m", "ampgan.diagnose", *overrides, uri,
@@ -985,7 +1008,9 @@ def sections(args: argparse.Namespace, repeats: int, memory_steps: int, store: s
 
     only = args.only.lower()
     out = []
-    if not only or "memory" in only:  # first: the long run's RSS starts from a process that has built nothing else
+    # bench-full's (or asked for by --memory-steps, or by --only); first: the long run's RSS starts
+    # from a process that has built nothing else
+    if (args.full or memory_steps > 0) and not only or "memory" in only:
         out.append(Section("memory", lambda: {"memory": memory(store, args.device, args.quick, memory_steps, args.full)}))
     for comp in comparisons(store, args.device, args.quick, args.only):
         if comp.full_only and not (args.full or only):
@@ -1000,12 +1025,13 @@ def sections(args: argparse.Namespace, repeats: int, memory_steps: int, store: s
         from experiments import bench_parallel
 
         out.append(Section("data parallel: 1 vs 2 workers", lambda: {"rows": bench_parallel.rows(scratch, args.quick, repeats)}))
-    if not only or "diagnose" in only:
+    if not only or "whole command" in only:   # what a user waits for: diagnose's whole command
+        out.append(Section("diagnose, whole command vs one training run",
+                           lambda: {"rows": diagnose_whole(scratch, args.device, 1 if args.quick else 2,
+                                                           every=args.full or bool(only))}))
+    if args.full and not only or "diagnose replay" in only:   # its replay alone, per iteration
         out.append(Section("diagnose replay vs training",
                            lambda: {"rows": diagnose_cost(store, args.device, args.quick, repeats)}))
-    if args.full and not only or "whole command" in only:
-        out.append(Section("diagnose, whole command vs one training run",
-                           lambda: {"rows": diagnose_whole(scratch, args.device, 1 if args.quick else 2)}))
     if not args.no_startup:
         rounds = args.startup_rounds or (2 if args.quick else FULL_STARTUP_ROUNDS if args.full else STARTUP_ROUNDS)
         out.append(Section("start-up", lambda: {"startup": startup(scratch, args.device, rounds)}))

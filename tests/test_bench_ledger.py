@@ -115,13 +115,14 @@ def test_the_default_bench_measures_the_headline_sections_and_full_adds_the_rest
     default = [s.name for s in sections(_args(), 3, 0, "sqlite://", tmp_path)]
     full = [s.name for s in sections(_args(full=True), 5, 20000, "sqlite://", tmp_path)]
     for headline in ("ampgan vs bare MindSpore (WGAN-GP", "ampgan vs bare MindSpore: language model", "gradient health",
-                     "activation headroom (", "tracking to MLflow", "loss-scale strategy", "diagnose replay", "start-up",
+                     "activation headroom (", "tracking to MLflow", "loss-scale strategy",
+                     "diagnose, whole command vs one training run", "start-up",
                      "per-job overhead", "ampgan's step cell vs MindSpore's TrainOneStepCell under Model.train (",
                      "ampgan's step cell vs MindSpore's TrainOneStepCell under Model.train in GRAPH_MODE"):
         assert any(n.startswith(headline) for n in default), headline
     extra = set(full) - set(default)
     for beside in ("calibration", "activation headroom: classifier",
-                   "diagnose, whole command vs one training run"):
+                   "diagnose replay vs training"):
         assert any(n.startswith(beside) for n in extra), beside   # not headline figures: bench-full's
     assert any(n.startswith("jit vs PYNATIVE") for n in extra) and any(n.startswith("scaling:") for n in extra)
     assert any(n.startswith("data parallel") for n in extra) and any(n.startswith("AMP level") for n in extra)
@@ -130,6 +131,9 @@ def test_the_default_bench_measures_the_headline_sections_and_full_adds_the_rest
     assert len(only) == 1 and only[0].startswith("jit vs PYNATIVE")   # named by --only: measured
     whole = [s.name for s in sections(_args(only="whole command", no_startup=True), 3, 0, "sqlite://", tmp_path)]
     assert whole == ["diagnose, whole command vs one training run"]
+    assert "memory" not in default and full[0] == "memory"   # the RSS runs are bench-full's
+    asked = [s.name for s in sections(_args(), 3, 300, "sqlite://", tmp_path)]
+    assert asked[0] == "memory"   # unless --memory-steps asks for them
 
 
 def test_compare_reads_the_last_table_and_an_earlier_one_and_refuses_a_missing_one(tmp_path, monkeypatch, capsys):
