@@ -96,6 +96,7 @@ def test_a_users_net_trains_logs_its_own_names_checkpoints_and_resumes(user_pack
     assert max(steps) == 12 and 8 in steps and 9 in steps
 
 
+@pytest.mark.slow  # 69 s, `make test-full` (CI's time): the user's net trains above; diagnose of users' nets: test_diagnose_cases
 def test_a_users_net_in_a_sweep_and_in_diagnose(user_package, outputs):
     swept = run_cli("-m", *OWN[:3], "amp=o2", "scaler=static,dynamic", *SHORT, outputs=outputs)
     assert swept.returncode == 0, swept.stderr[-2000:]
@@ -111,7 +112,7 @@ def test_a_users_net_in_a_sweep_and_in_diagnose(user_package, outputs):
     assert "classify.weight" in diag.stdout and "features.0.weight" in diag.stdout
 
 
-@pytest.mark.slow  # `make test-full` (CI's time): search in test_search, the user's net in a sweep stay
+@pytest.mark.slow  # `make test-full` (CI's time): search in test_search stays
 def test_a_users_net_in_a_search(user_package, outputs):
     import optuna
 
