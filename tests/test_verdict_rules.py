@@ -425,12 +425,18 @@ def test_under_a_skipping_scaler_the_first_forward_overflow_is_located_not_an_ea
     t.amp_losses = [{"loss": float("nan") if k == "forward" else 0.5} for k in kinds]
     bad = [(SimpleNamespace(iteration=i, net="train"), SimpleNamespace(losses=losses))
            for i, (k, losses) in enumerate(zip(kinds, t.amp_losses)) if k == "backward" or i == 3]
+    bad = [(rs_, SimpleNamespace(losses=st.losses, scale=128.0)) for rs_, st in bad]
     trace = synced({"train": t})
     trace.bad = bad
+    fits = {"train": SimpleNamespace(k_lo=-10, k_hi=5)}   # every layer fits 2^-10 .. 2^5; the step ran at 128
     skipping = validate(compose_cfg("model=classifier", "data=digits", "amp=o2", "scaler=dynamic"))
-    rs, _ = failure_step(trace, skipping, DiagnoseConfig())
+    rs, _ = failure_step(trace, skipping, DiagnoseConfig(), fits)
     assert rs.iteration == 3, "the forward overflow no loss scale ends"
+    # the flight recorder's sharpening: the head's gradient overflows at any scale >= 1 (k_hi < 0):
+    # that backward overflow is no scaler's doing, and stays the first failure
+    rs, _ = failure_step(trace, skipping, DiagnoseConfig(), {"train": SimpleNamespace(k_lo=-10, k_hi=-2)})
+    assert rs.iteration == 1
     applying = validate(compose_cfg("model=classifier", "data=digits", "amp=o2", "scaler=static",
                                     "scaler.skip_nonfinite=false"))
-    rs, _ = failure_step(trace, applying, DiagnoseConfig())
+    rs, _ = failure_step(trace, applying, DiagnoseConfig(), fits)
     assert rs.iteration == 1, "without skipping, the first bad step poisons the rest"

@@ -71,15 +71,15 @@ def analyse(s: Settings, dcfg, data: Dataset, ref: Reference, modes: list[str], 
     traces, task, load_weights = replay_amp(s, data, ref, modes, progress)
     synced = traces.get("synced") or traces["free"]
     located = None
+    fits = {net: fit_scales(t.param_names, t.hist, dcfg.underflow_fraction) for net, t in synced.nets.items()}
     if with_locate and "synced" in traces:
-        at = failure_step(synced, s, dcfg)
+        at = failure_step(synced, s, dcfg, fits)
         if at is not None:
             rs, status = at
             load_weights(rs.weights)
             located = first_nonfinite(task, ref.task, roots(task), roots(ref.task), rs, status,
                              make_loader(net_parameters(ref.task)))
             progress(f"located: {located.describe()}")
-    fits = {net: fit_scales(t.param_names, t.hist, dcfg.underflow_fraction) for net, t in synced.nets.items()}
     inference = None
     if horizon is not None and horizon.amp.task is not None and horizon.amp_trails(dcfg):
         inference = check_inference(s, data, horizon, dcfg, progress)
@@ -90,25 +90,31 @@ def analyse(s: Settings, dcfg, data: Dataset, ref: Reference, modes: list[str], 
                     verdict, layer_rows(synced, fits), horizon, inference)
 
 
-def failure_step(synced: Trace, s: Settings, dcfg):
+def failure_step(synced: Trace, s: Settings, dcfg, fits: dict[str, ScaleFit] | None = None):
     """Of the bad sub-steps the replay kept, the one the verdict is about: the first failing net's
     first failure (after its scaler settled); else the first bad one (a scaler that skips every
     step may be finding its scale, or meeting an overflow no scale ends: the interventions tell);
     None when no step was bad.
 
     Under a scaler that skips non-finite steps, a failing net's first step whose loss is not finite
-    comes before any other: its forward pass left float16's range, which no loss scale changes,
-    while a backward-only overflow there is skipped and the scale lowered (the scaler at work, not
-    necessarily the failure). Without skipping, the first bad step is the cause: its update
-    carries the non-finite values into every later step."""
+    comes before that net's earlier backward-only overflows when each of them ran at a scale above
+    the net's range (`fits`: ranges.ScaleFit) while a scale >= 1 fits it: the scaler lowering a
+    scale too high, skipped, while the forward pass left float16's range, which no loss scale
+    changes. A backward overflow that no scale >= 1 avoids stays first. Without skipping, the
+    first bad step is the cause: its update carries the non-finite values into every later step."""
     skips = skips_nonfinite(s)
     failing = {n: x for n, x in summaries(synced).items() if x.failing(skips, dcfg.skip_tol)}
     if not failing:
         return synced.bad[0] if synced.bad else None
     if skips:
-        forward = next(((rs, st) for rs, st in synced.bad if rs.net in failing and not loss_finite(st)), None)
+        forward = next((i for i, (rs, st) in enumerate(synced.bad) if rs.net in failing and not loss_finite(st)), None)
         if forward is not None:
-            return forward
+            rs, _ = synced.bad[forward]
+            fit = (fits or {}).get(rs.net)
+            earlier = [st for r, st in synced.bad[:forward] if r.net == rs.net]
+            if all(fit is not None and fit.k_hi is not None and fit.k_hi >= 0 and st.scale > 2.0 ** fit.k_hi
+                   for st in earlier):
+                return synced.bad[forward]
     firsts = [(x.first_failure, n) for n, x in failing.items() if x.first_failure is not None]
     if firsts:
         iteration, net = min(firsts)
