@@ -152,14 +152,19 @@ def sweep_command(study: Study, mode: str, sweep_dir: Path, uri: str | None, ext
     return cmd + ([f"tracking.uri={uri}"] if uri else [])
 
 
+def override_key(override: str) -> str:
+    """The key a Hydra override sets, without its `+`, `++` or `~` prefix: `+arm/wgan_amp=fp32,o2` -> `arm/wgan_amp`."""
+    return override.partition("=")[0].lstrip("+~")
+
+
 def sweep_parts(study: Study, mode: str, extra: list[str]) -> list[list[str]]:
     """The sweeps a form runs, one after another, each as its overrides: the study's `parts` in
     the default form, unless the user's own overrides name a key that a part sets (then one sweep
     of the user's overrides: e.g. `+arm/wgan_data=digits_long` for one data set)."""
     if mode != "default" or not study.parts:
         return [[]]
-    keys = {o.split("=", 1)[0].lstrip("+~") for part in study.parts for o in part}
-    if any(o.split("=", 1)[0].lstrip("+~") in keys for o in extra):
+    keys = {override_key(o) for part in study.parts for o in part}
+    if any(override_key(o) in keys for o in extra):
         return [[]]
     return [list(part) for part in study.parts]
 
@@ -167,7 +172,8 @@ def sweep_parts(study: Study, mode: str, extra: list[str]) -> list[list[str]]:
 def sweep_records(folder: Path) -> list[dict]:
     """The parent-run records of a finished sweep folder: its own, or one per part (`part-<i>/`)."""
     own = folder / "parent_run.json"
-    files = [own] if own.exists() else sorted(folder.glob("part-*/parent_run.json"))
+    parts = sorted(folder.glob("part-[0-9]*/parent_run.json"), key=lambda f: int(f.parent.name[len("part-"):]))
+    files = [own] if own.exists() else parts
     if not files:
         raise AmpganError(f"--sweep {folder}: no parent_run.json there, nor in part-*/ (a study's sweep folder is "
                           f"outputs/studies/<name>/sweep/<time>)")
@@ -188,9 +194,8 @@ def run_sweep(cmd: list[str], sweep_dir: Path) -> dict:
 def arm_of(run, key: str) -> str:
     """A job's option of an arm group (`+arm/<key>=<option>`), read from its recorded overrides."""
     for item in run.data.tags.get("overrides", "").split(","):
-        name, _, value = item.lstrip("+~").partition("=")
-        if name in (key, f"arm/{key}"):
-            return value
+        if override_key(item) in (key, f"arm/{key}"):
+            return item.partition("=")[2]
     return "-"
 
 

@@ -358,8 +358,10 @@ def test_the_wgan_studys_default_form_runs_each_data_set_with_its_own_arms_and_a
     arms (a key a part sets) run the preset's sweep with them, not the parts on top of them."""
     import json
 
-    from experiments.study import sweep_command, sweep_parts, sweep_records
+    from experiments.study import override_key, sweep_command, sweep_parts, sweep_records
     from experiments.wgan_amp import STUDY as WGAN
+
+    assert [override_key(o) for o in ("+arm/wgan_amp=fp32,o2", "++a.b=1", "~c", "d=2")] == ["arm/wgan_amp", "a.b", "c", "d"]
 
     parts = sweep_parts(WGAN, "default", [])
     assert [p[0] for p in parts] == ["+arm/wgan_data=gaussians8_long", "+arm/wgan_data=digits_long"]
@@ -376,9 +378,9 @@ def test_the_wgan_studys_default_form_runs_each_data_set_with_its_own_arms_and_a
 
     with pytest.raises(AmpganError, match="no parent_run.json there"):
         sweep_records(tmp_path)
-    for i in (2, 1):
+    for i in (10, 2, 1):   # in the parts' order, not the names' (part-10 after part-2)
         (tmp_path / f"part-{i}").mkdir()
         (tmp_path / f"part-{i}" / "parent_run.json").write_text(json.dumps({"run_id": f"r{i}", "uri": "u"}))
-    assert [r["run_id"] for r in sweep_records(tmp_path)] == ["r1", "r2"]
+    assert [r["run_id"] for r in sweep_records(tmp_path)] == ["r1", "r2", "r10"]
     (tmp_path / "parent_run.json").write_text(json.dumps({"run_id": "one", "uri": "u"}))
     assert [r["run_id"] for r in sweep_records(tmp_path)] == ["one"]

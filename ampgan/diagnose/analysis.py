@@ -90,7 +90,7 @@ def analyse(s: Settings, dcfg, data: Dataset, ref: Reference, modes: list[str], 
                     verdict, layer_rows(synced, fits), horizon, inference)
 
 
-def failure_step(synced: Trace, s: Settings, dcfg, fits: dict[str, ScaleFit] | None = None):
+def failure_step(synced: Trace, s: Settings, dcfg, fits: dict[str, ScaleFit]):
     """Of the bad sub-steps the replay kept, the one the verdict is about: the first failing net's
     first failure (after its scaler settled); else the first bad one (a scaler that skips every
     step may be finding its scale, or meeting an overflow no scale ends: the interventions tell);
@@ -110,7 +110,7 @@ def failure_step(synced: Trace, s: Settings, dcfg, fits: dict[str, ScaleFit] | N
         forward = next((i for i, (rs, st) in enumerate(synced.bad) if rs.net in failing and not loss_finite(st)), None)
         if forward is not None:
             rs, _ = synced.bad[forward]
-            fit = (fits or {}).get(rs.net)
+            fit = fits.get(rs.net)
             earlier = [st for r, st in synced.bad[:forward] if r.net == rs.net]
             if all(fit is not None and fit.k_hi is not None and fit.k_hi >= 0 and st.scale > 2.0 ** fit.k_hi
                    for st in earlier):
