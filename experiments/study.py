@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import subprocess
 import sys
 import time
@@ -180,9 +181,50 @@ def sweep_records(folder: Path) -> list[dict]:
     return [json.loads(f.read_text()) for f in files]
 
 
+class Stopped(AmpganError):
+    """The study was stopped (Ctrl-C, SIGTERM) while a child ran; the child ended its runs first."""
+
+
+CHILD_STOP_S = (10.0, 120.0, 30.0)   # a stopped child's grace: on its own, after SIGINT, after SIGTERM
+
+
+def run_child(cmd: list[str], what: str, capture: bool = False) -> subprocess.CompletedProcess:
+    """Run `cmd` to its end (its output on this console, or captured). When the study is stopped
+    meanwhile (KeyboardInterrupt: Ctrl-C, or SIGTERM by `run`'s handler), the child ends its own
+    runs before the study exits, as a trainer does on a signal (its run ended KILLED, its sweep's
+    parent run too), never killed with its runs left RUNNING:
+
+        1. wait CHILD_STOP_S[0] for it to end on its own (a terminal's Ctrl-C reached it too);
+        2. else send it SIGINT and wait CHILD_STOP_S[1] (a trainer ends its run at the next step);
+        3. else SIGTERM (a trainer's second signal: it stops at once, its run still ended), then SIGKILL.
+
+    A second stop of the study moves on to the next of these at once. Raises Stopped after."""
+    pipe = subprocess.PIPE if capture else None
+    proc = subprocess.Popen(cmd, stdout=pipe, stderr=pipe, text=True)
+    try:
+        out, err = proc.communicate()
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    except KeyboardInterrupt:
+        pass
+    for sig, grace in zip((None, signal.SIGINT, signal.SIGTERM), CHILD_STOP_S):
+        if sig is not None and proc.poll() is None:
+            proc.send_signal(sig)
+        try:
+            proc.communicate(timeout=grace)
+            break
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            continue
+    else:
+        proc.kill()
+        proc.communicate()
+    ended = ("its runs ended in the store" if proc.returncode != -signal.SIGKILL else
+             "it did not stop and was killed (the next run on its store ends its runs)")
+    raise Stopped(f"the study stopped while {what} ran; {ended}")
+
+
 def run_sweep(cmd: list[str], sweep_dir: Path) -> dict:
     """Run the sweep in a child process (its progress on this console); the parent-run record it wrote."""
-    proc = subprocess.run(cmd)
+    proc = run_child(cmd, f"the sweep in {sweep_dir}")
     record = sweep_dir / "parent_run.json"
     if not record.exists():
         raise AmpganError(f"the sweep wrote no parent run (exit {proc.returncode}); is tracking.backend=mlflow?")
@@ -510,7 +552,7 @@ def diagnose_run(ctx: Context, run_id: str, extra: list[str] = ()) -> dict:
     started = int(time.time() * 1000)
     cmd = [sys.executable, "-m", "ampgan.diagnose", f"diagnose.run={run_id}", f"tracking.uri={ctx.uri}", *extra]
     ctx.echo(f"study: {' '.join(cmd[1:])}")
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = run_child(cmd, f"the diagnosis of run {run_id}", capture=True)
     exp = client.get_experiment_by_name("ampgan-diagnose")
     found = _diagnoses(client, exp.experiment_id, run_id, started) if exp else []
     if not found:
@@ -591,10 +633,20 @@ def run(study: Study, argv: list[str] | None = None, answer: Callable[[Context],
     parser.add_argument("overrides", nargs="*", help="more train overrides for every job (key=value)")
     args = parser.parse_args(argv)
     mode = "full" if args.full else "quick" if args.quick else "default"
+    previous = signal.signal(signal.SIGTERM, _interrupt)   # a scheduler's stop ends the children as Ctrl-C does
     try:
         return _run(study, args, mode, answer)
+    except Stopped as err:
+        print(f"ampgan: interrupted: {err}", file=sys.stderr)
+        return 130
     except AmpganError as err:
         return report_error(err)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _run(study: Study, args, mode: str, answer) -> int:

@@ -384,3 +384,42 @@ def test_the_wgan_studys_default_form_runs_each_data_set_with_its_own_arms_and_a
     assert [r["run_id"] for r in sweep_records(tmp_path)] == ["r1", "r2", "r10"]
     (tmp_path / "parent_run.json").write_text(json.dumps({"run_id": "one", "uri": "u"}))
     assert [r["run_id"] for r in sweep_records(tmp_path)] == ["one"]
+
+
+@pytest.mark.parametrize("group", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["the runner alone", "the terminal's process group"])
+def test_a_study_stopped_mid_sweep_ends_its_runs_and_says_so_in_one_line(outputs, group):
+    """Ctrl-C in a terminal reaches the runner and its sweep; a kill of the runner alone (`kill -INT`,
+    a scheduler) reaches the runner only. Either way the sweep's job and parent runs end KILLED
+    (none left RUNNING), no later job starts, and the runner ends with one line and exit 130.
+    (trainer.max_steps is given twice, the study's quick 4 then 100000: the parent run logs the last,
+    as Hydra uses it; a second value for a logged param had ended the parent FAILED at its start.)"""
+    import json
+    import signal
+    import time
+
+    from ampgan.tracking.tracker import read_journal
+
+    env = {**os.environ, "AMPGAN_OUTPUTS": str(outputs), "GLOG_v": "3"}
+    proc = subprocess.Popen([sys.executable, "-m", "experiments.wgan_amp", "--quick", "trainer.max_steps=100000",
+                             "trainer.log_every=1", "tracking.flush_every=1"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 240
+    while not any(r.get("s", 0) >= 3 for f in (outputs / "studies").glob("*/sweep/*/*/tracking.json")
+                  for r in read_journal(f.parent)[0]):
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.time() < deadline, "no job reached step 3"
+        time.sleep(0.1)
+    if group:
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    lines = [ln for ln in err.splitlines() if ln.startswith("ampgan: ")]
+    assert proc.returncode == 130, err[-3000:]
+    assert lines[-1].startswith("ampgan: interrupted: the study stopped while the sweep in "), err[-3000:]
+    assert "its runs ended in the store" in lines[-1] and "Traceback" not in err, err[-3000:]
+    _, runs = all_runs(outputs)
+    assert sorted(r.info.status for r in runs) == ["KILLED", "KILLED"], [(r.info.run_name, r.info.status) for r in runs]
+    folder = next((outputs / "studies").glob("*/sweep/*"))
+    assert json.loads((folder / "parent_run.json").read_text())["run_id"] in {r.info.run_id for r in runs}

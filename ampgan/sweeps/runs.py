@@ -147,9 +147,12 @@ class SweepRuns(Callback):
                                                                    varies, self.sweep_id), tags=tags)
         self.parent_id = run.info.run_id
         try:
+            logged: dict[str, str] = {}   # a key given twice takes its last value, as Hydra does
             for line in overrides + [f"{k}={v}" for k, v in params.items()]:
                 key, _, value = line.lstrip("+~").partition("=")
-                self.client.log_param(self.parent_id, key[:250], mlflow_value(value, 6000))
+                logged[key[:250]] = value
+            for key, value in logged.items():
+                self.client.log_param(self.parent_id, key, mlflow_value(value, 6000))
         except Exception:
             self.client.set_terminated(self.parent_id, "FAILED")  # no parent left RUNNING
             self.parent_id = None
