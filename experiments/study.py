@@ -171,12 +171,12 @@ def sweep_parts(study: Study, mode: str, extra: list[str]) -> list[list[str]]:
 
 
 def sweep_records(folder: Path) -> list[dict]:
-    """The parent-run records of a finished sweep folder: its own, or one per part (`part-<i>/`)."""
+    """The parent-run records of a finished sweep folder: its own, or one per part (`<time>-part-<i>/`)."""
     own = folder / "parent_run.json"
-    parts = sorted(folder.glob("part-[0-9]*/parent_run.json"), key=lambda f: int(f.parent.name[len("part-"):]))
+    parts = sorted(folder.glob("*part-[0-9]*/parent_run.json"), key=lambda f: int(f.parent.name.rsplit("part-", 1)[1]))
     files = [own] if own.exists() else parts
     if not files:
-        raise AmpganError(f"--sweep {folder}: no parent_run.json there, nor in part-*/ (a study's sweep folder is "
+        raise AmpganError(f"--sweep {folder}: no parent_run.json there, nor in *-part-<i>/ (a study's sweep folder is "
                           f"outputs/studies/<name>/sweep/<time>)")
     return [json.loads(f.read_text()) for f in files]
 
@@ -662,7 +662,9 @@ def _run(study: Study, args, mode: str, answer) -> int:
         parts = sweep_parts(study, mode, list(args.overrides))
         records = []
         for i, part in enumerate(parts, 1):
-            part_dir = sweep_dir / f"part-{i}" if len(parts) > 1 else sweep_dir
+            # a sweep's id is its folder's name (`ampgan.report <id>`, `ampgan.sweep resume <id>`): the
+            # study's time is in each part's, so that two studies' parts never share one
+            part_dir = sweep_dir / f"{sweep_dir.name}-part-{i}" if len(parts) > 1 else sweep_dir
             cmd = sweep_command(study, mode, part_dir, args.uri, part + list(args.overrides))
             print(f"study {study.name} ({mode}{f', part {i} of {len(parts)}' if len(parts) > 1 else ''}): "
                   f"{' '.join(cmd[1:])}", flush=True)

@@ -110,6 +110,7 @@ def test_a_gan_of_the_users_own_nets_trains_on_bare_points(outputs):
     assert "eval/swd" in runs[0].data.metrics
 
 
+@pytest.mark.slow  # `make test-full` (CI's 30 minutes on a slow machine)
 def test_a_language_model_of_the_users_own_is_diagnosed_on_its_own_text(outputs):
     """task="lm": the user's net and text through diagnose; a tiny embedding LM trains alike in
     both precisions over its few steps, and the verdict says so with its exit code."""

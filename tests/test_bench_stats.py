@@ -206,6 +206,7 @@ def test_an_option_for_a_skipped_part_is_refused_in_one_line(capsys, argv, said)
     assert err.count("\n") == 1 and err.startswith(f"ampgan: error: {said}"), err
 
 
+@pytest.mark.slow  # `make test-full` (CI's 30 minutes on a slow machine)
 def test_a_bench_part_reports_and_leaves_no_scratch_behind(tmp_path, monkeypatch):
     """`--only calibration --quick`: one comparison end to end (two of ampgan's loops, an MLflow store,
     run folders, MindSpore's files), its report in outputs/bench, nothing left in the temp folder."""

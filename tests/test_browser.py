@@ -156,6 +156,7 @@ def test_sweep_dashboard_in_a_real_browser(clip_sweep, ui_server):
         assert (shots / shot).stat().st_size > 10_000
 
 
+@pytest.mark.slow  # `make test-full` (CI's 30 minutes on a slow machine)
 def test_the_dashboard_opens_on_the_training_view_with_each_verdict_on_its_run(clip_sweep, diagnosed, ui_server):
     """The page `make ui` prints: ampgan's runs table (not MLflow's GenAI welcome page); a diagnosed run
     shows its verdict and the link to its diagnosis; the diagnosis's description starts with the verdict."""

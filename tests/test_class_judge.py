@@ -52,6 +52,7 @@ def test_collapse_noise_and_blur_each_score_worse_than_real_digits(judge, digits
     assert 0 < blurred[0] < blurred[1] < blurred[2] < noise["judge_fd"]   # worse as the test images degrade
 
 
+@pytest.mark.slow  # `make test-full` (CI's 30 minutes on a slow machine)
 def test_a_gan_run_on_digits_logs_the_judges_figures_and_one_on_points_does_not(outputs, tmp_path):
     from ampgan.training.entry import train
     from tests.conftest import all_runs, compose_cfg

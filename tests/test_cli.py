@@ -78,7 +78,7 @@ def test_scaler_by_amp_sweep(outputs):
     assert len({r.data.tags["sweep_id"] for r in runs}) == 1 and {r.info.status for r in runs} == {"FINISHED"}
 
 
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", [pytest.param("SIGINT", marks=pytest.mark.slow), "SIGTERM"])   # SIGINT: make test-full
 def test_signal_ends_the_run_killed_with_metrics_kept(outputs, sig):
     import os
     import signal

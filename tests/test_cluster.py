@@ -61,6 +61,7 @@ def sacct_noise(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if "sacct" in ln or "accounting storage is disabled" in ln]
 
 
+@pytest.mark.slow  # `make test-full` (CI's 30 minutes on a slow machine)
 def test_slurm_sweep_logs_to_postgres_backed_server(services, tmp_path, monkeypatch):
     """Submitted held (`sbatch --hold`): the sweep says what its jobs wait for, and goes on once released.
     This SLURM keeps no accounting, so nobody asks `sacct` about the jobs, and nothing prints its noise."""

@@ -129,6 +129,7 @@ def headroom_history(client, run_id: str) -> dict[int, float]:
     return {m.step: m.value for m in client.get_metric_history(run_id, "train/headroom")}
 
 
+@pytest.mark.slow  # `make test-full` (CI's 30 minutes on a slow machine)
 def test_a_headroom_warning_records_the_state_before_it_while_every_loss_is_still_finite(outputs, capsys):
     """Item 5's other trigger: the sharpening's output nears 65504 log steps before the loss goes
     non-finite. At the first log step whose train/headroom (65504 / the largest leaf-cell output,

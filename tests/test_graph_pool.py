@@ -57,7 +57,7 @@ def assert_same(a, b) -> None:
         np.testing.assert_array_equal(weights_b[k], w, err_msg=k)
 
 
-@pytest.mark.parametrize("case", ["gan", "classifier"])
+@pytest.mark.parametrize("case", [pytest.param("gan", marks=pytest.mark.slow), "classifier"])   # the GAN: make test-full
 def test_a_job_on_reused_steps_trains_exactly_like_a_freshly_compiled_one(case):
     base = GAN if case == "gan" else CLASSIFIER
     job_a, job_b = SWEPT[case]

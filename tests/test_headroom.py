@@ -180,7 +180,7 @@ def test_the_plain_variant_computes_no_activation_statistic():
     np.testing.assert_array_equal(again.act, [float(slot.asnumpy()) for slot in peaks.slots])
 
 
-@pytest.mark.parametrize("case", [CLASSIFIER, SMALL_GAN], ids=["classifier", "wgan-gp"])
+@pytest.mark.parametrize("case", [CLASSIFIER, pytest.param(SMALL_GAN, marks=pytest.mark.slow)], ids=["classifier", "wgan-gp"])
 def test_headroom_leaves_training_bit_identical(case):
     """Same seed, headroom on or off (measured every third step): losses, scales, skips, weights,
     optimizer and scaler state agree exactly; only the on run logs activation metrics."""

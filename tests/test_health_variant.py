@@ -58,7 +58,8 @@ def loop(task, s) -> Recorder:
     return tracker
 
 
-@pytest.mark.parametrize("case", [GAN, pytest.param(CLASSIFIER, marks=pytest.mark.slow)], ids=["gan", "classifier"])
+@pytest.mark.parametrize("case", [pytest.param(GAN, marks=pytest.mark.slow), pytest.param(CLASSIFIER, marks=pytest.mark.slow)],
+                         ids=["gan", "classifier"])   # `make test-full` (CI's time)
 def test_measuring_every_fifth_step_trains_bit_identically(case):
     """Same seed: weights, losses, loss scales and skipped counts agree exactly, step by step."""
     runs = []
@@ -164,7 +165,7 @@ def per_net(trace: list[tuple[int, dict[str, float]]], prefix: str) -> list[tupl
 
 
 @pytest.mark.parametrize("scaler,health", [
-    ("dynamic", True), ("dynamic", False),   # the other scalers in `make test-full` (CI's time)
+    pytest.param("dynamic", True, marks=pytest.mark.slow), ("dynamic", False),   # the rest in `make test-full` (CI's time)
     *(pytest.param(name, health, marks=pytest.mark.slow) for name in ("none", "static", "fixed_clip") for health in (True, False)),
     pytest.param("underflow_aware", True, marks=pytest.mark.slow),   # it reads health: never without it
 ], ids=lambda v: v if isinstance(v, str) else ("health" if v else "no-health"))

@@ -37,6 +37,7 @@ def run():
     return s, data, fp32
 
 
+@pytest.mark.slow  # `make test-full` (CI's 30 minutes on a slow machine)
 def test_float16_evaluation_of_trained_weights_overflows_at_the_stem_batchnorm(run):
     s, data, fp32 = run
     dcfg = DiagnoseConfig()

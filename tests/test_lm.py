@@ -80,6 +80,7 @@ def test_qk_norm_bounds_the_attention_logits_that_the_headroom_records_and_z_los
         TokenCrossEntropy(z_loss=-1.0)
 
 
+@pytest.mark.slow  # `make test-full` (CI's 30 minutes on a slow machine)
 def test_lm_trains_under_o2_logs_health_and_resumes(outputs):
     done = run_cli(*LM, *SHORT, "trainer.checkpoint_every=6", "amp.keep_fp32=[head]", outputs=outputs)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -77,6 +77,7 @@ def user_package(tmp_path, monkeypatch) -> Path:
     return folder
 
 
+@pytest.mark.slow  # `make test-full` (CI's 30 minutes on a slow machine)
 def test_a_users_net_trains_logs_its_own_names_checkpoints_and_resumes(user_package, outputs):
     done = run_cli(*OWN, *SHORT, "amp.keep_fp32=[classify]", outputs=outputs)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -115,6 +115,7 @@ def assert_replicas_identical(run_dir: Path) -> None:
         np.testing.assert_array_equal(b[key], a[key], err_msg=key)
 
 
+@pytest.mark.slow  # `make test-full` (CI's 30 minutes on a slow machine)
 def test_two_ranks_equal_one_process_and_a_rank_local_overflow_is_skipped_by_every_rank(tmp_path, outputs):
     """FP32 and O2 + dynamic scaling: a 2-rank run (each rank half of every global batch of 64)
     against one process on the whole batch; then one rank's shard planted to overflow at step 8:

@@ -68,6 +68,7 @@ def report_cli(*args: str, outputs: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # `make test-full` (CI's 30 minutes on a slow machine)
 def test_sweep_is_one_parent_run_with_its_jobs_nested(clip_sweep):
     parent, children = clip_sweep.parent, clip_sweep.children
     assert parent.info.status == "FINISHED"

@@ -68,6 +68,7 @@ def history(client, run_id: str, key: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
 
 
+@pytest.mark.slow  # `make test-full` (CI's 30 minutes on a slow machine)
 def test_sigkill_at_a_random_step_then_resume_matches_an_uninterrupted_run(tmp_path):
     straight, broken = tmp_path / "straight", tmp_path / "broken"
     done = run_cli(*CLASSIFIER, outputs=straight)
@@ -177,6 +178,7 @@ def hard_killed_run(outputs: Path, step: int) -> Path:
     return run_folder(outputs)
 
 
+@pytest.mark.slow  # `make test-full` (CI's 30 minutes on a slow machine)
 def test_hard_killed_run_is_ended_by_the_next_run_with_its_journal_delivered(tmp_path):
     outputs = tmp_path / "out"
     lost_folder = hard_killed_run(outputs, 8)
@@ -192,6 +194,7 @@ def test_hard_killed_run_is_ended_by_the_next_run_with_its_journal_delivered(tmp
     assert steps == list(range(1, journaled + 1))  # nothing that reached the journal was lost
 
 
+@pytest.mark.slow  # `make test-full` (CI's 30 minutes on a slow machine)
 def test_sync_delivers_a_journal_and_ends_the_run(tmp_path):
     outputs = tmp_path / "out"
     folder = hard_killed_run(outputs, 6)

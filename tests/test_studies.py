@@ -379,8 +379,8 @@ def test_the_wgan_studys_default_form_runs_each_data_set_with_its_own_arms_and_a
     with pytest.raises(AmpganError, match="no parent_run.json there"):
         sweep_records(tmp_path)
     for i in (10, 2, 1):   # in the parts' order, not the names' (part-10 after part-2)
-        (tmp_path / f"part-{i}").mkdir()
-        (tmp_path / f"part-{i}" / "parent_run.json").write_text(json.dumps({"run_id": f"r{i}", "uri": "u"}))
+        (tmp_path / f"{tmp_path.name}-part-{i}").mkdir()
+        (tmp_path / f"{tmp_path.name}-part-{i}" / "parent_run.json").write_text(json.dumps({"run_id": f"r{i}", "uri": "u"}))
     assert [r["run_id"] for r in sweep_records(tmp_path)] == ["r1", "r2", "r10"]
     (tmp_path / "parent_run.json").write_text(json.dumps({"run_id": "one", "uri": "u"}))
     assert [r["run_id"] for r in sweep_records(tmp_path)] == ["one"]

@@ -47,6 +47,7 @@ def sweep_cli(*args: str, outputs: Path, timeout: int = 600) -> subprocess.Compl
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+@pytest.mark.slow  # `make test-full` (CI's 30 minutes on a slow machine)
 def test_parallel_clip_sweep_six_runs_one_sweep_with_progress_lines(outputs):
     done = run_cli("-m", "hydra/launcher=parallel", *SMOKE, "scaler=fixed_clip",
                    "scaler.clip_norm=0.25,0.5,1,2,4,8", outputs=outputs)

@@ -88,6 +88,7 @@ def test_the_opted_in_control_is_seen_by_the_trace(tmp_path):
     assert off_machine(trace) != [], "telemetry on, yet no connect() off loopback: the test could not tell"
 
 
+@pytest.mark.slow  # `make test-full` (CI's 30 minutes on a slow machine)
 def test_the_dashboard_server_sends_nothing_off_the_machine(tmp_path):
     """`python -m ampgan.tracking ui` (MLflow's server) serving its pages and the UI's telemetry config."""
     port = free_port()

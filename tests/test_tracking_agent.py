@@ -91,6 +91,7 @@ def test_a_single_command_is_tracked_by_the_helper_and_the_store_holds_its_journ
     assert not helpers_of(outputs)
 
 
+@pytest.mark.slow  # `make test-full` (CI's 30 minutes on a slow machine)
 def test_the_helper_logs_what_the_trainer_logs_in_process(outputs, tmp_path):
     """The same run tracked by the helper and in process: the same params and metrics, value for value."""
     histories = {}

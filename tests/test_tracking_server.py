@@ -10,6 +10,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from ampgan.training.parallel import free_port
 from tests.test_resume import journal_step, run_folder, start
 
@@ -43,6 +45,7 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.wait(timeout=30)
 
 
+@pytest.mark.slow  # `make test-full` (CI's 30 minutes on a slow machine)
 def test_server_stopped_mid_run_and_restarted_loses_no_metric(tmp_path):
     from mlflow.tracking import MlflowClient
 
