@@ -26,7 +26,6 @@ import argparse
 import json
 import runpy
 import sys
-import threading
 from collections import Counter
 from pathlib import Path
 
@@ -83,14 +82,15 @@ class Walk:
 
     def summary(self) -> dict:
         stages: list[str] = []
-        for _, dst, _ in self.passes:
-            if not stages or stages[-1] != stage_of(dst):
-                stages.append(stage_of(dst))
+        for stage in (stage_of(dst) for _, dst, _ in self.passes):
+            if not stages or stages[-1] != stage:
+                stages.append(stage)
         entries = Counter(stages)
         return {"passes": len(self.passes), "modules": len({dst for _, dst, _ in self.passes}),
                 "stage_order": stages, "stage_entries": dict(entries), "re_entries": sum(n - 1 for n in entries.values()),
                 "per_module": dict(Counter(dst for _, dst, _ in self.passes).most_common()),
                 "per_function": dict(Counter(f"{dst}.{fn}" for _, dst, fn in self.passes).most_common())}
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m devtools.walk", description=__doc__.split("\n\n")[0])
@@ -103,8 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     walk = Walk()
     sys.argv = [command[1], *command[2:]]
     code = 0
-    sys.setprofile(walk.hook)
-    threading.setprofile(None)
+    sys.setprofile(walk.hook)   # this thread only: the command's own threads are not followed
     try:
         runpy.run_module(command[1], run_name="__main__", alter_sys=True)
     except SystemExit as err:

@@ -58,8 +58,8 @@ def loop(task, s) -> Recorder:
     return tracker
 
 
-@pytest.mark.parametrize("case", [pytest.param(GAN, marks=pytest.mark.slow), pytest.param(CLASSIFIER, marks=pytest.mark.slow)],
-                         ids=["gan", "classifier"])   # `make test-full` (CI's time)
+@pytest.mark.slow  # both cases in `make test-full` (CI's 30 minutes on a slow machine)
+@pytest.mark.parametrize("case", [GAN, CLASSIFIER], ids=["gan", "classifier"])
 def test_measuring_every_fifth_step_trains_bit_identically(case):
     """Same seed: weights, losses, loss scales and skipped counts agree exactly, step by step."""
     runs = []
