@@ -320,6 +320,9 @@ def seed_table(study: Study, rows: list[dict]) -> list[dict]:
     (headline metric) the difference from the reference configuration with Welch's p."""
     groups = group_rows(rows, study.groups)
     ref = next((g for g in groups if _is_ref(g, study)), None) if study.reference else None
+    # every headline's difference column sits before the interval and p that belong to it (a study
+    # over two data sets judges each by its own headline: swd, judge_fd)
+    heads = list(dict.fromkeys(study.head(dict(zip(study.groups, g.key))) for g in groups))
     out = []
     for g in groups:
         row: dict = dict(zip(study.groups, g.key))
@@ -335,6 +338,7 @@ def seed_table(study: Study, rows: list[dict]) -> list[dict]:
             base = r_facet[0] if r_facet else ref
             diff = spread(g.values(head))["mean"] - spread(base.values(head))["mean"]
             p, test = compare(g, base, head)
+            row.update({f"{h} - ref": "-" for h in heads})
             row[f"{head} - ref"] = _fmt(diff)
             a, b = paired_rows(g, base)
             ci = paired_interval(a.values(head), b.values(head))

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from ampgan.reporting.sweep_report import markdown
 from experiments.study import Bar, Context, Study, arm_of, beyond_noise, conclude, same_value, seed_table, welch_p
 from tests.conftest import ROOT, all_runs
 
@@ -137,6 +138,10 @@ def test_each_facet_is_judged_on_its_own_headline_metric():
     worse, _ = beyond_noise(ctx, lower_is_better=True)
     assert worse == [f"img/o2 (fd +2, p {table[('img', 'o2')]['p']})"]
     assert study.head({"data": "img"}) == "fd" and study.head({"data": "pts"}) == "swd"
+    # in the rendered table both differences sit before the interval, p and verdict that follow them
+    header = markdown(list(table.values())).splitlines()[0].strip("| ").split(" | ")
+    assert header.index("swd - ref") + 1 == header.index("fd - ref") == header.index("95% interval (paired)") - 1
+    assert table[("pts", "o2")]["fd - ref"] == "-" and table[("img", "o2")]["swd - ref"] == "-"
 
 
 def test_a_bar_over_the_last_evaluations_judges_their_worst():
