@@ -540,32 +540,26 @@ def op_locate_cost(store: str, device: str, repeats: int) -> list[dict]:
 
 
 # the whole diagnose command against one training run of the same configuration and length:
-# (label, the run's overrides). The default run, shortened to 300 steps and under O2 (a bare
+# (label, the run's overrides). The default run, shortened to 150 steps and under O2 (a bare
 # `python -m ampgan.diagnose` diagnoses O2 with MindSpore's dynamic scale), and a case whose every
-# AMP step overflows, so that its interventions all replay (the corpus's temperature net).
-# (label, overrides, in the default bench): the default bench times the every-step overflow (about
-# 3 min for 2 rounds); the default run's (about 6 min for 2 rounds: its horizon trains AMP and FP32
-# over the run, each with its evaluations) is bench-full's, or `--only "whole command"`
-DIAGNOSED_WHOLE = (("the default run, O2 dynamic, 150 steps", ["amp=o2", "scaler=dynamic", "trainer.max_steps=150"],
-                    False),
+# AMP step overflows, so that its interventions all replay (the corpus's temperature net). Both
+# are in the default bench, 2 rounds each (about 5.5 and 3 min on 2 cores in a quiet hour).
+DIAGNOSED_WHOLE = (("the default run, O2 dynamic, 150 steps", ["amp=o2", "scaler=dynamic", "trainer.max_steps=150"]),
                    ("every-step overflow: a user's attention net at temperature 1e6, 200 steps",
-                    ["+experiment=case_temperature_attention"], True))
+                    ["+experiment=case_temperature_attention"]))
 TARGET_DIAGNOSE_WHOLE = 4.0
 VERDICT_EXITS = (0, 1, 3, 4, 5)   # python -m ampgan.diagnose: a verdict (2 is bad input)
 
 
-def diagnose_whole(scratch: Path, device: str, rounds: int, every: bool = True) -> list[dict]:
+def diagnose_whole(scratch: Path, device: str, rounds: int) -> list[dict]:
     """`python -m ampgan.diagnose` as a user runs it (horizon over the run's length, replay, locate,
     every intervention replayed; its report and MLflow run), against `python -m ampgan.train` of the
     same configuration and length: whole commands, start-up included, in alternating order for
-    `rounds` rounds. One row pair per `DIAGNOSED_WHOLE` case (`every`: each; else the default
-    bench's); the figure is ms per command."""
+    `rounds` rounds. One row pair per `DIAGNOSED_WHOLE` case; the figure is ms per command."""
     env = {**os.environ, "AMPGAN_OUTPUTS": str(scratch), "GLOG_v": "3"}
     uri = f"tracking.uri=sqlite:///{scratch / 'whole.db'}"
     rows = []
-    for label, overrides, in_default in DIAGNOSED_WHOLE:
-        if not (every or in_default):
-            continue
+    for label, overrides in DIAGNOSED_WHOLE:
         commands = {"training (python -m ampgan.train)": [sys.executable, "-m", "ampgan.train", *overrides, uri,
                                                           f"hardware={device.lower()}"],
                     "diagnose (python -m ampgan.diagnose)": [sys.executable, "-m", "ampgan.diagnose", *overrides, uri,
@@ -1027,8 +1021,7 @@ def sections(args: argparse.Namespace, repeats: int, memory_steps: int, store: s
         out.append(Section("data parallel: 1 vs 2 workers", lambda: {"rows": bench_parallel.rows(scratch, args.quick, repeats)}))
     if not only or "whole command" in only:   # what a user waits for: diagnose's whole command
         out.append(Section("diagnose, whole command vs one training run",
-                           lambda: {"rows": diagnose_whole(scratch, args.device, 1 if args.quick else 2,
-                                                           every=args.full or bool(only))}))
+                           lambda: {"rows": diagnose_whole(scratch, args.device, 1 if args.quick else 2)}))
     if args.full and not only or "diagnose replay" in only:   # its replay alone, per iteration
         out.append(Section("diagnose replay vs training",
                            lambda: {"rows": diagnose_cost(store, args.device, args.quick, repeats)}))
