@@ -89,6 +89,17 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
+def _time_left(pending: list[str], past: dict) -> str:
+    """How long the sections still to run took the last time, as far as the ledger knows."""
+    known = [past[n] for n in pending if n in past]
+    after = f"this and the {len(pending) - 1} after it" if len(pending) > 1 else "the last section"
+    if not known:
+        return f"{after}: no earlier time here, the first bench of them"
+    unknown = len(pending) - len(known)
+    return (f"{after} took {_duration(sum(known))} the last time"
+            + (f", {unknown} of them not timed before" if unknown else ""))
+
+
 def run_sections(sections: list[Section], path: Path, plan: dict, publish: Callable[[dict, list[str]], None],
                  restart: bool = False, echo: Callable[[str], None] = print) -> dict:
     """Run each section not yet finished under this `plan`, recording each as it ends; returns
@@ -111,9 +122,7 @@ def run_sections(sections: list[Section], path: Path, plan: dict, publish: Calla
         if section.name in done:
             continue
         pending = [s.name for s in sections if s.name not in done]
-        left = sum(past.get(n, math.nan) for n in pending)
-        echo(f"[{i}/{len(sections)}] {section.name} (this and the {len(pending) - 1} after it took "
-             f"{_duration(left)} the last time)")
+        echo(f"[{i}/{len(sections)}] {section.name} ({_time_left(pending, past)})")
         before = machine()
         started = time.perf_counter()
         result = section.measure()

@@ -79,10 +79,16 @@ def test_a_finished_bench_a_restart_or_other_arguments_start_over(tmp_path):
 def test_the_progress_line_says_how_long_the_remaining_sections_took_the_last_time(tmp_path):
     ledger, said = tmp_path / "sections.json", []
     run_sections(_sections([]), ledger, PLAN, lambda d, p: None, echo=said.append)
-    assert said[0].startswith("[1/3] first (this and the 2 after it took unknown the last time)")
+    assert said[0] == "[1/3] first (this and the 2 after it: no earlier time here, the first bench of them)"
     said.clear()
     run_sections(_sections([]), ledger, PLAN, lambda d, p: None, echo=said.append)
-    assert said[0].startswith("[1/3] first (this and the 2 after it took ") and "unknown" not in said[0]
+    assert said[0].startswith("[1/3] first (this and the 2 after it took ") and said[0].endswith(" the last time)")
+    assert any(line.startswith("[3/3] third (the last section took ") for line in said), said
+    said.clear()   # a section this ledger never timed (a new one): the sum of the others, and how many are new
+    run_sections(_sections([]) + [Section("fourth", lambda: {"rows": []})], ledger, PLAN, lambda d, p: None,
+                 echo=said.append)
+    assert said[0].startswith("[1/4] first (this and the 3 after it took ") and said[0].endswith(
+        ", 1 of them not timed before)")
 
 
 def _table(ratios: dict[str, tuple[float, float, float]], date: str) -> dict:
