@@ -12,11 +12,11 @@ fitted in the run: the FP32 reference must reach judge_fd <= 10 with 9 of 10 cla
 each of its last 3 evaluations on every seed. Nothing is compared with a reference that misses
 its bar (`conf/experiment/study_wgan_amp.yaml`, `conf/arm/wgan_data/`).
 
-    python -m experiments.wgan_amp            # the default form, 25 runs in two parts (STUDY.parts), about
-                                              # an hour on 2 cores: on 8 Gaussians FP32 and MindSpore's
-                                              # dynamic scale (about 32 min: O2 runs at 12 steps/s, FP32
-                                              # at 27); on digits FP32, the dynamic scale and the
-                                              # underflow-aware one started at 1 (about 24 min)
+    python -m experiments.wgan_amp            # the default form, 25 runs in two parts (STUDY.parts), 50 min
+                                              # on 2 cores (measured whole, 2026-12-07): on 8 Gaussians FP32
+                                              # and MindSpore's dynamic scale (31 min: O2 runs at 12 steps/s,
+                                              # FP32 at 26); on digits FP32, the dynamic scale and the
+                                              # underflow-aware one started at 1 (19 min)
     python -m experiments.wgan_amp +arm/wgan_data=digits_long   # one data set, the preset's 4 arms
     python -m experiments.wgan_amp --full     # the 8 arms on both data sets: also the dynamic scale from 1,
                                               # static, fixed + clipping, the FP32 gradient penalty and O3
@@ -120,7 +120,8 @@ def answer(ctx: Context) -> str:
     measure = " and ".join(f"{head} on {data}" for data, head in sorted(heads.items())) if len(heads) > 1 else \
         next(iter(heads.values()), "swd")
     if not worse and not better:
-        return (f"None of the {n} AMP configurations differs from FP32 in {measure} beyond seed noise "
+        which = f"None of the {n} AMP configurations differs" if n != 1 else "The AMP configuration does not differ"
+        return (f"{which} from FP32 in {measure} beyond seed noise "
                 f"(t-test paired by seed, p >= 0.05, {seeds(ctx)} seeds each).{twins}")
     parts = []
     if worse:

@@ -294,7 +294,7 @@ def test_the_wgan_study_judges_its_reference_on_its_last_evaluations_and_its_ful
     assert conclude(ctx, wgan_amp.answer).startswith("Reference not trained")
     for r in ctx.rows:
         r[bar.column] = 8
-    assert conclude(ctx, wgan_amp.answer).startswith("None of the 1 AMP configurations differs from FP32")
+    assert conclude(ctx, wgan_amp.answer).startswith("The AMP configuration does not differ from FP32 in swd")
 
 
 # ---------------------------------------------------------------- wgan_amp: one line per arm, quality against the step
