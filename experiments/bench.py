@@ -543,7 +543,8 @@ def op_locate_cost(store: str, device: str, repeats: int) -> list[dict]:
 # (label, the run's overrides). The default run, shortened to 150 steps and under O2 (a bare
 # `python -m ampgan.diagnose` diagnoses O2 with MindSpore's dynamic scale), and a case whose every
 # AMP step overflows, so that its interventions all replay (the corpus's temperature net). Both
-# are in the default bench, 2 rounds each (about 5.5 and 3 min on 2 cores in a quiet hour).
+# are in the default bench, 2 rounds each (4.8 min for both on 2 cores in a fast hour, 2026-12-07;
+# 8.3 min in a slow one).
 DIAGNOSED_WHOLE = (("the default run, O2 dynamic, 150 steps", ["amp=o2", "scaler=dynamic", "trainer.max_steps=150"]),
                    ("every-step overflow: a user's attention net at temperature 1e6, 200 steps",
                     ["+experiment=case_temperature_attention"]))

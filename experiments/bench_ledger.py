@@ -84,8 +84,6 @@ def save(path: Path, ledger: dict) -> None:
 
 
 def _duration(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "unknown"
     return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
