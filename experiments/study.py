@@ -134,11 +134,17 @@ class Context:
     folder: Path
     mode: str
     echo: Callable = print
+    given: tuple[str, ...] = ()                      # the user's own overrides (arms, lengths) for every job
     notes: list[str] = field(default_factory=list)
     diagnoses: dict = field(default_factory=dict)   # what `after` learnt from diagnose, by arm
     reuse: bool = False                              # publishing a finished sweep again: reuse its diagnoses
     started: float = 0.0                             # perf_counter when the sweep had finished
     sweep_minutes: float = 0.0                       # the sweep's own duration (its parent run's)
+
+    def form(self) -> str:
+        """The form as said in the study's lines: `default`, `full`, `quick`, with the user's own
+        overrides when given (`default form; given +arm/wgan_amp=o2_static`)."""
+        return form_label(self.mode, self.given)
 
     def minutes(self) -> float:
         """The study's duration: its sweep, then what this process did after it (diagnose, charts)."""
@@ -151,6 +157,11 @@ def sweep_command(study: Study, mode: str, sweep_dir: Path, uri: str | None, ext
     cmd = [sys.executable, "-m", "ampgan.train", "-m", f"+experiment=study_{study.name}", *overrides, *extra,
            f"hydra.sweep.dir={sweep_dir}"]
     return cmd + ([f"tracking.uri={uri}"] if uri else [])
+
+
+def form_label(mode: str, given: list[str] | tuple[str, ...]) -> str:
+    """`default`, or `default form; given <overrides>` when the user's overrides change what runs."""
+    return f"{mode} form; given {' '.join(given)}" if given else mode
 
 
 def override_key(override: str) -> str:
@@ -600,7 +611,7 @@ def publish(ctx: Context, pngs: dict[str, bytes], answer: str) -> Path:
     notes = "\n".join(ctx.notes)
     (folder / "answer.md").write_text(f"{answer}\n" + (f"\n{notes}\n" if notes else ""))
     (folder / "section.md").write_text(section(ctx, table, list(pngs), answer))
-    summary = f"{study.question} Mode: {ctx.mode}; {len(ctx.runs)} runs. Answer: {answer}"
+    summary = f"{study.question} Mode: {ctx.form()}; {len(ctx.runs)} runs. Answer: {answer}"
     (folder / "report.html").write_text(html_page(f"study {study.name}: {study.title}", summary, table, pngs, notes))
     pid = ctx.parent.info.run_id
     for name in [f"{n}.png" for n in pngs] + ["table.md", "table.csv", "runs.csv", "answer.md", "section.md", "report.html"]:
@@ -615,14 +626,16 @@ def section(ctx: Context, table: list[dict], charts: list[str], answer: str) -> 
     from ampgan.reporting.sweep_report import markdown
 
     study, minutes = ctx.study, ctx.minutes()
-    flag = {"default": "", "full": " ARGS=--full", "quick": " ARGS=--quick"}[ctx.mode]
+    flag = {"default": "", "full": "--full", "quick": "--quick"}[ctx.mode]
     lines = [f"### {study.title}", "", f"**Question.** {study.question}", "", f"**Setup.** {' '.join(study.setup.split())}",
-             "", f"**Result** ({ctx.mode} form, {len(ctx.runs)} runs, {minutes:.0f} min; mean ± sd [min-max] over seeds; "
+             "", f"**Result** ({ctx.form()}{'' if ctx.given else ' form'}, {len(ctx.runs)} runs, {minutes:.0f} min; mean ± sd [min-max] over seeds; "
              f"'beyond noise': t-test against the reference, paired by seed, p < {NOISE_P}):", "", markdown(table), ""]
     lines += [f"![{name}](../docs/studies/{study.name}/{name}.png)" for name in charts]
     lines += ["", *[f"    {n}" for n in ctx.notes], ""] if ctx.notes else [""]
-    lines += [f"**Answer.** {answer}", "", f"**Reproduce.** `make study NAME={study.name}{flag}` "
-              f"(or `python -m experiments.{study.name}`)", ""]
+    args = " ".join([flag.strip(), *ctx.given]).strip()
+    make = f"make study NAME={study.name}" + (f" ARGS='{args}'" if args else "")
+    lines += [f"**Answer.** {answer}", "", f"**Reproduce.** `{make}` "
+              f"(or `python -m experiments.{study.name}{' ' + args if args else ''}`)", ""]
     return "\n".join(lines)
 
 
@@ -670,7 +683,7 @@ def _run(study: Study, args, mode: str, answer) -> int:
             # study's time is in each part's, so that two studies' parts never share one
             part_dir = sweep_dir / f"{sweep_dir.name}-part-{i}" if len(parts) > 1 else sweep_dir
             cmd = sweep_command(study, mode, part_dir, args.uri, part + list(args.overrides))
-            print(f"study {study.name} ({mode}{f', part {i} of {len(parts)}' if len(parts) > 1 else ''}): "
+            print(f"study {study.name} ({form_label(mode, args.overrides)}{f', part {i} of {len(parts)}' if len(parts) > 1 else ''}): "
                   f"{' '.join(cmd[1:])}", flush=True)
             records.append(run_sweep(cmd, part_dir))
     record = records[0]   # the first part's parent run holds the study's publication
@@ -689,7 +702,8 @@ def _run(study: Study, args, mode: str, answer) -> int:
             r[bar.column] = bar.worst_recent([v for _, v in history])
     sweep_minutes = sum(((p.info.end_time or p.info.start_time) - p.info.start_time) / 60000 for p in parents)
     ctx = Context(study, client, record["uri"], parent, runs, rows, seed_table(study, rows), folder, mode,
-                  reuse=bool(args.sweep), started=time.perf_counter(), sweep_minutes=sweep_minutes)
+                  reuse=bool(args.sweep), started=time.perf_counter(), sweep_minutes=sweep_minutes,
+                  given=tuple(args.overrides))
     if study.after is not None:
         study.after(ctx)
     figs = {"seed_spread": chart_seed_spread(study, rows)}
@@ -704,7 +718,7 @@ def _run(study: Study, args, mode: str, answer) -> int:
     for line in ctx.notes:
         print(line)
     print(f"answer: {text}")
-    print(f"study {study.name} ({mode}) took {minutes:.1f} min; table and charts: {folder} "
+    print(f"study {study.name} ({ctx.form()}) took {minutes:.1f} min; table and charts: {folder} "
           f"and parent run {parent.info.run_id} ({STUDY_DIR}/)")
     return 0
 

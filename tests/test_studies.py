@@ -391,6 +391,23 @@ def test_the_wgan_studys_default_form_runs_each_data_set_with_its_own_arms_and_a
     assert [r["run_id"] for r in sweep_records(tmp_path)] == ["one"]
 
 
+def test_a_studys_section_names_the_users_own_overrides_and_reproduces_with_them():
+    """A study run with the user's own arms says so in its lines and its section, and its Reproduce
+    line runs those arms, not the preset's form."""
+    from dataclasses import replace
+
+    from experiments.study import form_label, section
+
+    ctx = _ctx(BARRED, {("a", "fp32"): [8, 8], ("a", "o2"): [8, 8]})
+    plain = section(ctx, [], [], "answer")
+    assert "(default form, 4 runs" in plain and "`make study NAME=t`" in plain and "given" not in plain
+    arms = ("+arm/wgan_data=gaussians8_long", "+arm/wgan_amp=o2_static,o3_dynamic")
+    given = section(replace(ctx, mode="full", given=arms), [], [], "answer")
+    assert f"(full form; given {' '.join(arms)}, 4 runs" in given
+    assert f"`make study NAME=t ARGS='--full {' '.join(arms)}'` (or `python -m experiments.t --full {' '.join(arms)}`)" in given
+    assert form_label("default", []) == "default" and form_label("quick", ["a=1"]) == "quick form; given a=1"
+
+
 @pytest.mark.parametrize("group", [False, pytest.param(True, marks=pytest.mark.slow)],
                          ids=["the runner alone", "the terminal's process group"])
 def test_a_study_stopped_mid_sweep_ends_its_runs_and_says_so_in_one_line(outputs, group):
