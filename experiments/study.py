@@ -398,11 +398,15 @@ def untrained(study: Study, rows: list[dict]) -> dict[str | None, str]:
         if not bars:
             out[fv] = f"no quality bar is stated for the reference{where}"
             continue
+        if not refs:
+            arms = ", ".join(f"{k}={v}" for k, v in study.reference.items())
+            out[fv] = f"no run of the reference ({arms}){where}: nothing to compare with"
+            continue
         for bar in bars:
             got = [r.get(bar.column) for r in refs]
             short = [g for g in got if not bar.passes(g)]
-            if short or not refs:
-                shown = ", ".join(_fmt(float(g)) if isinstance(g, (int, float)) else "-" for g in got) or "no run"
+            if short:
+                shown = ", ".join(_fmt(float(g)) if isinstance(g, (int, float)) else "-" for g in got)
                 out[fv] = (f"the reference{where} misses its bar {bar.describe()} on {len(short)} of {len(refs)} "
                            f"seeds ({bar.column}: {shown})")
                 break

@@ -193,6 +193,15 @@ def test_no_trained_reference_anywhere_is_no_conclusion_and_the_answer_is_not_dr
     assert text.startswith("Reference not trained") and text.endswith("No conclusion.") and not drawn
 
 
+def test_a_facet_without_any_reference_run_says_so_instead_of_counting_zero_seeds():
+    """Arms run on their own (`+arm/wgan_amp=o2_static`): no reference run, nothing compared, and
+    the line says that, not "misses its bar on 0 of 0 seeds"."""
+    ctx = _ctx(BARRED, {("a", "o2"): [8, 8], ("b", "fp32"): [8, 8], ("b", "o2"): [8, 8]})
+    text = conclude(ctx, _answer)
+    assert text.startswith("compared on b.") and "no run of the reference (arm=fp32) on a: nothing to compare with" in text
+    assert "0 of 0" not in text
+
+
 def test_a_facet_without_a_stated_bar_draws_no_conclusion_and_trained_references_change_nothing():
     one_bar = Study(name="t", title="t", question="q", groups=["data", "arm"], metrics=["swd"],
                     reference={"arm": "fp32"}, facet="data", bars=[Bar("modes_covered", 6, facet="a")])
