@@ -20,7 +20,8 @@ its bar (`conf/experiment/study_wgan_amp.yaml`, `conf/arm/wgan_data/`).
     python -m experiments.wgan_amp +arm/wgan_data=digits_long   # one data set, the preset's 4 arms
     python -m experiments.wgan_amp --full     # the 8 arms on both data sets: also the dynamic scale from 1,
                                               # static, fixed + clipping, the FP32 gradient penalty and O3
-                                              # with the dynamic scale: 80 runs, about 5 hours
+                                              # with the dynamic scale: 80 runs, about 4 hours (the sum of
+                                              # its parts' measured sweeps, 2026-12-05..07; not timed whole)
     python -m experiments.wgan_amp --quick    # 4 runs of 4 steps: checks that it runs
 """
 
