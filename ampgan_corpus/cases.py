@@ -124,6 +124,9 @@ REALISTIC = [
     Case("case_healthy_full", "healthy", why="healthy for its whole configured length"),
     Case("case_slow_fp32", "healthy", why="FP32 learns slowly but learns; AMP as slowly: slow is not 'no progress'"),
     Case("case_wgan_o2_full", "healthy", why="the default WGAN-GP under O2 trains like FP32 over its 1000 steps"),
+    Case("case_wgan_o2_long", "healthy",
+         why="the default WGAN-GP at 3000 steps under O2 matches FP32 within seed noise (the WGAN-GP study, 5 seeds); "
+             "its critic's 6% gradient error at the end is not a failure"),
     Case("case_classifier_lr1", "not_reproduced", overrides=("diagnose.horizon_seconds=2",),
          why="a time bound that cuts the horizon short: the step reached and how to go further, never healthy"),
 ]
