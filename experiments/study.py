@@ -142,8 +142,8 @@ class Context:
     sweep_minutes: float = 0.0                       # the sweep's own duration (its parent run's)
 
     def form(self) -> str:
-        """The form as said in the study's lines: `default`, `full`, `quick`, with the user's own
-        overrides when given (`default form; given +arm/wgan_amp=o2_static`)."""
+        """The form as said in the study's lines: `default form`, `full form`, `quick form`, with the
+        user's own overrides when given (`default form; given +arm/wgan_amp=o2_static`)."""
         return form_label(self.mode, self.given)
 
     def minutes(self) -> float:
@@ -160,8 +160,8 @@ def sweep_command(study: Study, mode: str, sweep_dir: Path, uri: str | None, ext
 
 
 def form_label(mode: str, given: list[str] | tuple[str, ...]) -> str:
-    """`default`, or `default form; given <overrides>` when the user's overrides change what runs."""
-    return f"{mode} form; given {' '.join(given)}" if given else mode
+    """`default form`, and `; given <overrides>` when the user's overrides change what runs."""
+    return f"{mode} form" + (f"; given {' '.join(given)}" if given else "")
 
 
 def override_key(override: str) -> str:
@@ -632,11 +632,11 @@ def section(ctx: Context, table: list[dict], charts: list[str], answer: str) -> 
     study, minutes = ctx.study, ctx.minutes()
     flag = {"default": "", "full": "--full", "quick": "--quick"}[ctx.mode]
     lines = [f"### {study.title}", "", f"**Question.** {study.question}", "", f"**Setup.** {' '.join(study.setup.split())}",
-             "", f"**Result** ({ctx.form()}{'' if ctx.given else ' form'}, {len(ctx.runs)} runs, {minutes:.0f} min; mean ± sd [min-max] over seeds; "
+             "", f"**Result** ({ctx.form()}, {len(ctx.runs)} runs, {minutes:.0f} min; mean ± sd [min-max] over seeds; "
              f"'beyond noise': t-test against the reference, paired by seed, p < {NOISE_P}):", "", markdown(table), ""]
     lines += [f"![{name}](../docs/studies/{study.name}/{name}.png)" for name in charts]
     lines += ["", *[f"    {n}" for n in ctx.notes], ""] if ctx.notes else [""]
-    args = " ".join([flag.strip(), *ctx.given]).strip()
+    args = " ".join(a for a in (flag, *ctx.given) if a)
     make = f"make study NAME={study.name}" + (f" ARGS='{args}'" if args else "")
     lines += [f"**Answer.** {answer}", "", f"**Reproduce.** `{make}` "
               f"(or `python -m experiments.{study.name}{' ' + args if args else ''}`)", ""]

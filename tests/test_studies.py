@@ -414,7 +414,7 @@ def test_a_studys_section_names_the_users_own_overrides_and_reproduces_with_them
     given = section(replace(ctx, mode="full", given=arms), [], [], "answer")
     assert f"(full form; given {' '.join(arms)}, 4 runs" in given
     assert f"`make study NAME=t ARGS='--full {' '.join(arms)}'` (or `python -m experiments.t --full {' '.join(arms)}`)" in given
-    assert form_label("default", []) == "default" and form_label("quick", ["a=1"]) == "quick form; given a=1"
+    assert form_label("default", []) == "default form" and form_label("quick", ["a=1"]) == "quick form; given a=1"
 
 
 @pytest.mark.parametrize("group", [False, pytest.param(True, marks=pytest.mark.slow)],
