@@ -3,7 +3,7 @@ rules it tests. Read by the tests (tests/test_diagnose_corpus.py, tests/test_dia
 and by the confusion table's command (`python -m experiments.diagnose_cases`), so the table in
 docs/diagnose.md and the tests judge the same expectations.
 
-PLANTED: one per verdict on ampgan's toy nets; ARCHITECTURES: on the zoo's real architectures;
+PLANTED: one per verdict on ampgan's toy nets, and a harmless twin of one; ARCHITECTURES: on the zoo's real architectures;
 REALISTIC: runs a user could have written, which the rules were not tuned on.
 """
 
@@ -28,8 +28,11 @@ PLANTED = [
     ("diag_scaler_too_high", "scaler", "critic.score.6",
      "a static scale of 1e9 overflows the float16 backward seed: every step skipped"),
     ("diag_precision", "precision", "head",
-     "features + 1e3 hold 11 significant bits in float16 (steps of 0.5): centring them inside the head "
-     "leaves almost nothing of the features, with every value far inside float16's range"),
+     "features + 1.6e4 sit where float16's steps are 8: centring them inside the head leaves nothing of "
+     "features of size ~1, with every value far inside float16's range; the run does not learn, FP32 does"),
+    ("diag_precision_harmless", "healthy", "",
+     "it costs nothing: features + 1e3 (steps of 0.5) put the head's gradient ~40% off FP32's, but the run "
+     "learns as its FP32 twin does (accuracy 1 in 50 steps): an error is evidence, not a failure"),
     ("diag_framework", "framework", "critic.score",
      "it is not float16: PYNATIVE's second-order gradient of the penalty is wrong (the FP32 twin's too); "
      "the conv critic's final Dense gets zero"),

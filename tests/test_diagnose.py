@@ -246,6 +246,32 @@ def test_cli_healthy_run_logged_and_linked(outputs, tmp_path, monkeypatch):
     assert np.array_equal(heat(analysis.synced, "rel_err")[1], rel.T)
 
 
+def test_logged_run_whose_gradient_error_costs_nothing_is_healthy(outputs):
+    """A finished run diagnosed from its last checkpoint (`diagnose.run=<id>`), whose float16
+    gradient is far off FP32's there but which trained as FP32 does (diag_precision_harmless:
+    accuracy 1 by step 40): the error is reported as evidence, the verdict is `healthy`, nothing is
+    offered as a fix. Before the precision rule asked whether the run pays for the error, this run
+    got `precision` with "head in FP32" (the WGAN-GP study's finished runs did the same)."""
+    env = {**os.environ, "AMPGAN_OUTPUTS": str(outputs), "GLOG_v": "3"}
+    train = subprocess.run([sys.executable, "-m", "ampgan.train", "+experiment=diag_precision_harmless",
+                            "trainer.max_steps=50", "trainer.checkpoint_every=10", "trainer.eval_every=10"],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert train.returncode == 0, train.stderr
+    _, runs = all_runs(outputs)
+    assert runs[0].data.metrics["eval/accuracy"] == 1.0   # it trained: there is nothing to fix
+    proc = run_diagnose(f"diagnose.run={runs[0].info.run_id}", "diagnose.steps=4", outputs=outputs)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    head = proc.stdout.splitlines()[0]
+    assert head.startswith("verdict: healthy - float16's gradients are a median "), head
+    error = float(head.split("a median ")[1].split(" ")[0])
+    assert error > 0.05 and "an error the run does not pay for" in head, head   # the error is there, and said
+    assert "replayed: 4 iterations from checkpoint step 50 (" in proc.stdout
+    assert "\nfix" not in proc.stdout and "amp.keep_fp32" not in proc.stdout   # nothing to remove: no fix tried
+    _, runs = all_runs(outputs)
+    diag = [r for r in runs if r.data.tags.get("ampgan.kind") == "diagnose"]
+    assert len(diag) == 1 and diag[0].data.tags["ampgan.verdict"] == "healthy" and diag[0].info.status == "FINISHED"
+
+
 def test_unknown_run_id_is_bad_input(outputs):
     proc = run_diagnose("diagnose.run=0123456789abcdef", outputs=outputs)
     assert proc.returncode == 2

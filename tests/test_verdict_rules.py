@@ -219,6 +219,34 @@ def test_healthy_only_when_the_run_does_not_fail_over_the_horizon():
     assert unchecked.name == "healthy" and "not checked" in unchecked.headline
 
 
+def test_precision_only_where_the_run_pays_for_the_gradient_error():
+    """A 40% gradient error with nothing else wrong: `precision` when the run fails or trails FP32
+    over the horizon, or failed in its logged history, or when no horizon says (diagnose.horizon=0);
+    `healthy`, with the error in the headline and the evidence, when the run trains as FP32 does;
+    never `healthy` when the horizon was cut short (not_reproduced)."""
+    off = synced({"train": net_trace("train", [True] * 4, rel_err=0.4)})
+    dcfg = DiagnoseConfig()
+
+    def verdict(h, run_failed_at=None):
+        return decide(classifier_o2(), dcfg, fp32_twin(), off, {}, horizon=h, run_failed_at=run_failed_at)
+
+    fine = verdict(horizon(course("AMP"), course("FP32")))
+    assert fine.name == "healthy" and not fine.fixes
+    assert "a median 0.4 off FP32's (> 0.05), an error the run does not pay for" in fine.headline
+    assert "does not pay for" in fine.evidence[0]
+    one_step = verdict(horizon(course("AMP", done=1), course("FP32", done=1)))   # a finished run's last checkpoint
+    assert one_step.name == "healthy" and "over 1 step " in one_step.headline
+    for pays, h, logged in [("fails", horizon(course("AMP", 100, "no_progress"), course("FP32")), None),
+                            ("trails", trailing(), None),
+                            ("failed in its logged history", horizon(course("AMP"), course("FP32")), 80),
+                            ("no horizon", None, None)]:
+        v = verdict(h, logged)
+        assert v.name == "precision", (pays, v.name, v.headline)
+        assert v.layer == "fc" and [f.text for f in v.fixes] == ["amp.keep_fp32=[fc]"], pays
+    cut = verdict(horizon(course("AMP", done=20, timed_out=True), course("FP32", done=20)))
+    assert cut.name == "not_reproduced" and "does not pay for" in cut.headline and "horizon_seconds" in cut.headline
+
+
 # ---------------------------------------------------------------- the framework check: measured layer and fix
 def framework(run_mode: str, run_err: float, jit_err: float | None = None):
     from ampgan.diagnose.framework import FrameworkCheck, ModeCheck
