@@ -240,8 +240,9 @@ def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=N
     # finite: a NaN made its net fail above, except for a net still finding its scale
     rel = max((x.rel_err_median for n, x in sums.items() if n not in unsettled), default=float("nan"))
     pays = horizon is None or run_failed_at is not None or horizon.amp.failed_at is not None or horizon.amp_trails(dcfg)
+    unpaid = "was not seen to pay for" if horizon is not None and horizon.amp.timed_out else "does not pay for"
     if rel > dcfg.rel_tol and not pays:
-        ev.insert(0, f"a median relative gradient error of {rel:.3g} (> {dcfg.rel_tol}) that the run does not pay for: "
+        ev.insert(0, f"a median relative gradient error of {rel:.3g} (> {dcfg.rel_tol}) that the run {unpaid}: "
                      f"it neither fails nor trails FP32 over the horizon ({_n_steps(horizon.amp.done)})")
     if rel > dcfg.rel_tol and pays:
         norms = {}
@@ -284,7 +285,7 @@ def decide(s: Settings, dcfg, ref, synced, fits: dict, located=None, framework=N
     elif rel <= dcfg.rel_tol:
         tracks = f"AMP tracks FP32: median relative gradient error {rel:.3g} <= {dcfg.rel_tol}"
     else:   # the error the precision rule passed over: the run does not pay for it
-        tracks = f"float16's gradients are a median {rel:.3g} off FP32's (> {dcfg.rel_tol}), an error the run does not pay for"
+        tracks = f"float16's gradients are a median {rel:.3g} off FP32's (> {dcfg.rel_tol}), an error the run {unpaid}"
     if unsettled:
         tracks += f" ({', '.join(unsettled)}: still finding its scale there, judged by the horizon)"
     if horizon is None:
