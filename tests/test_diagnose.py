@@ -166,9 +166,12 @@ def test_bad_input_is_one_line_exit_2(bad, outputs):
 
 def test_cli_healthy_run_logged_and_linked(outputs, tmp_path, monkeypatch):
     """Train a tiny run with checkpoints, then diagnose it by run id: the replay starts from its
-    newest full-state checkpoint (step 4), exit 0, a diagnose run linked to it, artifacts."""
+    newest full-state checkpoint (step 4), exit 0, a diagnose run linked to it, artifacts. Its
+    learning rate lets it learn in 4 steps (accuracy 0.127 -> 0.25): at the default it does not,
+    and a logged run that never learned is diagnosed from step 0 (the test below that)."""
     train = subprocess.run([sys.executable, "-m", "ampgan.train", *[a for a in TINY if a != "tracking=none"],
-                            "trainer.max_steps=4", "trainer.checkpoint_every=2", "trainer.eval_samples=100"],
+                            "trainer.max_steps=4", "trainer.checkpoint_every=2", "trainer.eval_samples=100",
+                            "model.lr=0.02"],
                            cwd=ROOT, env={**os.environ, "AMPGAN_OUTPUTS": str(outputs), "GLOG_v": "3"},
                            capture_output=True, text=True, timeout=600)
     assert train.returncode == 0, train.stderr
@@ -270,6 +273,30 @@ def test_logged_run_whose_gradient_error_costs_nothing_is_healthy(outputs):
     _, runs = all_runs(outputs)
     diag = [r for r in runs if r.data.tags.get("ampgan.kind") == "diagnose"]
     assert len(diag) == 1 and diag[0].data.tags["ampgan.verdict"] == "healthy" and diag[0].info.status == "FINISHED"
+
+
+def test_logged_run_that_never_learned_is_judged_from_step_0_never_healthy(outputs):
+    """A finished run that logged no failure but never learned (diag_precision: eval/accuracy flat
+    at 0.128 over 50 steps, where FP32 reaches 1): from its last checkpoint it would neither fail
+    nor trail over a 1-step horizon, and its gradient error would look unpaid. Its logged history
+    against its untrained nets says it did not learn, so it is diagnosed from step 0: the run fails
+    (no progress) where its FP32 twin learns, and the verdict is `precision` at `head`, the fix
+    replayed on its own course."""
+    env = {**os.environ, "AMPGAN_OUTPUTS": str(outputs), "GLOG_v": "3"}
+    train = subprocess.run([sys.executable, "-m", "ampgan.train", "+experiment=diag_precision",
+                            "trainer.max_steps=50", "trainer.checkpoint_every=10", "trainer.eval_every=10"],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert train.returncode == 0, train.stderr
+    _, runs = all_runs(outputs)
+    assert runs[0].data.metrics["eval/accuracy"] < 0.2   # it did not learn
+    proc = run_diagnose(f"diagnose.run={runs[0].info.run_id}", "diagnose.steps=4", "diagnose.mode=synced",
+                        outputs=outputs)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[0].startswith("verdict: precision - "), proc.stdout
+    assert "layer: head" in proc.stdout and "replayed: 4 iterations from step 0" in proc.stdout
+    assert "the diagnosed run failed at step 50 (did not learn: eval/accuracy " in proc.stdout
+    assert "starting from step 0 (a run that never learned is judged from its start)" in proc.stderr
+    assert "amp.keep_fp32=[head]    # " in proc.stdout   # the fix, replayed on its own course
 
 
 def test_unknown_run_id_is_bad_input(outputs):

@@ -132,7 +132,9 @@ class Case:
             out.append(f"run {self.run_id}: " + (f"data parallel on {self.workers} workers, replayed in one process on "
                                                  f"its global batch of {s.trainer.batch_size}; " if self.workers > 1 else "")
                        + (f"failed at step {self.failed_at} ({self.failure}); " if self.failed_at else "")
-                       + "starting from " + (f"checkpoint {self.start}" if self.start else "step 0 (no checkpoint before it)"))
+                       + "starting from " + (f"checkpoint {self.start}" if self.start else
+                                             "step 0 (a run that never learned is judged from its start)"
+                                             if self.failure.startswith(STALLED) else "step 0 (no checkpoint before it)"))
         return out
 
 
@@ -146,9 +148,12 @@ def open_case(cfg: DictConfig, run_dir: Path) -> Case:
         cfg = recorded_config(cfg, run_id)
         workers = one_process(cfg)
         failed_at, failure = run_failure(run_id, cfg.tracking.uri)
-        start = checkpoint_start(run_id, cfg, failed_at)
     s = validate(cfg)
     data = load_data(s)
+    if run_id and failed_at is None:
+        failed_at, failure = run_stalled(run_id, cfg.tracking.uri, s, data, dcfg)
+    if run_id and not failure.startswith(STALLED):   # a run that never learned fails over its whole history: step 0
+        start = checkpoint_start(run_id, cfg, failed_at)
     if dcfg.start:
         from ampgan.diagnose.replay import recorded_start
         from ampgan.tracking.recorder import read
@@ -203,6 +208,33 @@ def checkpoint_start(run_id: str, cfg: DictConfig, failed_at: int | None) -> Pat
     if failed_at is None:
         return newest
     return checkpoint.newest_before(newest.parent, failed_at)
+
+
+STALLED = "did not learn"
+
+
+def run_stalled(run_id: str, uri: str, s: Settings, data: Dataset, dcfg: DiagnoseConfig) -> tuple[int | None, str]:
+    """A logged run that logged no failure but never learned: its objective at its last evaluation
+    closed less than `min_progress` of the gap between its untrained nets' (the run's seed, step 0,
+    evaluated here) and the objective's best value. Then (its last evaluated step, why), and its
+    diagnosis starts from step 0, where the horizon judges the run and its FP32 twin on learning
+    (from a checkpoint it could not: a run may have converged by then). (None, "") otherwise, or
+    when the run logged no evaluation."""
+    from ampgan.diagnose.replay import build_seeded
+    from ampgan.tracking.tracker import make_client
+
+    task = build_seeded(s, data)
+    history = make_client(uri).get_metric_history(run_id, task.objective)
+    if not history:
+        return None, ""
+    last = max(history, key=lambda m: m.step)
+    before = float(task.evaluate()[task.objective])
+    gain = last.value - before if task.direction == "maximize" else before - last.value
+    progress = gain / max(abs(task.objective_best - before), 1e-12)
+    if not math.isfinite(last.value) or progress >= dcfg.min_progress:
+        return None, ""
+    return last.step, (f"{STALLED}: {task.objective} {before:.4g} untrained (step 0, its seed) -> {last.value:.4g} at "
+                       f"step {last.step} ({100 * progress:+.1f}%, needs {100 * dcfg.min_progress:+.0f}%)")
 
 
 def run_failure(run_id: str, uri: str) -> tuple[int | None, str]:
