@@ -249,20 +249,28 @@ def test_cli_healthy_run_logged_and_linked(outputs, tmp_path, monkeypatch):
     assert np.array_equal(heat(analysis.synced, "rel_err")[1], rel.T)
 
 
+def trained_50_steps(preset: str, outputs):
+    """`+experiment=<preset>` trained 50 steps into `outputs`' store, a checkpoint set and an
+    evaluation every 10: its finished MLflow run."""
+    env = {**os.environ, "AMPGAN_OUTPUTS": str(outputs), "GLOG_v": "3"}
+    train = subprocess.run([sys.executable, "-m", "ampgan.train", f"+experiment={preset}",
+                            "trainer.max_steps=50", "trainer.checkpoint_every=10", "trainer.eval_every=10"],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert train.returncode == 0, train.stderr
+    _, runs = all_runs(outputs)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    return runs[0]
+
+
 def test_logged_run_whose_gradient_error_costs_nothing_is_healthy(outputs):
     """A finished run diagnosed from its last checkpoint (`diagnose.run=<id>`), whose float16
     gradient is far off FP32's there but which trained as FP32 does (diag_precision_harmless:
     accuracy 1 by step 40): the error is reported as evidence, the verdict is `healthy`, nothing is
     offered as a fix. Before the precision rule asked whether the run pays for the error, this run
     got `precision` with "head in FP32" (the WGAN-GP study's finished runs did the same)."""
-    env = {**os.environ, "AMPGAN_OUTPUTS": str(outputs), "GLOG_v": "3"}
-    train = subprocess.run([sys.executable, "-m", "ampgan.train", "+experiment=diag_precision_harmless",
-                            "trainer.max_steps=50", "trainer.checkpoint_every=10", "trainer.eval_every=10"],
-                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert train.returncode == 0, train.stderr
-    _, runs = all_runs(outputs)
-    assert runs[0].data.metrics["eval/accuracy"] == 1.0   # it trained: there is nothing to fix
-    proc = run_diagnose(f"diagnose.run={runs[0].info.run_id}", "diagnose.steps=4", outputs=outputs)
+    run = trained_50_steps("diag_precision_harmless", outputs)
+    assert run.data.metrics["eval/accuracy"] == 1.0   # it trained: there is nothing to fix
+    proc = run_diagnose(f"diagnose.run={run.info.run_id}", "diagnose.steps=4", outputs=outputs)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     head = proc.stdout.splitlines()[0]
     assert head.startswith("verdict: healthy - float16's gradients are a median "), head
@@ -282,14 +290,9 @@ def test_logged_run_that_never_learned_is_judged_from_step_0_never_healthy(outpu
     against its untrained nets says it did not learn, so it is diagnosed from step 0: the run fails
     (no progress) where its FP32 twin learns, and the verdict is `precision` at `head`, the fix
     replayed on its own course."""
-    env = {**os.environ, "AMPGAN_OUTPUTS": str(outputs), "GLOG_v": "3"}
-    train = subprocess.run([sys.executable, "-m", "ampgan.train", "+experiment=diag_precision",
-                            "trainer.max_steps=50", "trainer.checkpoint_every=10", "trainer.eval_every=10"],
-                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert train.returncode == 0, train.stderr
-    _, runs = all_runs(outputs)
-    assert runs[0].data.metrics["eval/accuracy"] < 0.2   # it did not learn
-    proc = run_diagnose(f"diagnose.run={runs[0].info.run_id}", "diagnose.steps=4", "diagnose.mode=synced",
+    run = trained_50_steps("diag_precision", outputs)
+    assert run.data.metrics["eval/accuracy"] < 0.2   # it did not learn
+    proc = run_diagnose(f"diagnose.run={run.info.run_id}", "diagnose.steps=4", "diagnose.mode=synced",
                         outputs=outputs)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert proc.stdout.splitlines()[0].startswith("verdict: precision - "), proc.stdout
