@@ -150,9 +150,11 @@ def open_case(cfg: DictConfig, run_dir: Path) -> Case:
         failed_at, failure = run_failure(run_id, cfg.tracking.uri)
     s = validate(cfg)
     data = load_data(s)
+    stalled = False
     if run_id and failed_at is None:
         failed_at, failure = run_stalled(run_id, cfg.tracking.uri, s, data, dcfg)
-    if run_id and not failure.startswith(STALLED):   # a run that never learned fails over its whole history: step 0
+        stalled = failed_at is not None
+    if run_id and not stalled:   # a run that never learned fails over its whole history: from step 0
         start = checkpoint_start(run_id, cfg, failed_at)
     if dcfg.start:
         from ampgan.diagnose.replay import recorded_start
@@ -216,10 +218,11 @@ STALLED = "did not learn"
 def run_stalled(run_id: str, uri: str, s: Settings, data: Dataset, dcfg: DiagnoseConfig) -> tuple[int | None, str]:
     """A logged run that logged no failure but never learned: its objective at its last evaluation
     closed less than `min_progress` of the gap between its untrained nets' (the run's seed, step 0,
-    evaluated here) and the objective's best value. Then (its last evaluated step, why), and its
-    diagnosis starts from step 0, where the horizon judges the run and its FP32 twin on learning
-    (from a checkpoint it could not: a run may have converged by then). (None, "") otherwise, or
-    when the run logged no evaluation."""
+    evaluated here) and the objective's best value (`Course.progress`, as the horizon judges a
+    course). Then (its last evaluated step, why), and its diagnosis starts from step 0, where the
+    horizon judges the run and its FP32 twin on learning (from a checkpoint it could not: a run may
+    have converged by then). (None, "") otherwise, or when the run logged no evaluation."""
+    from ampgan.diagnose.horizon import Course
     from ampgan.diagnose.replay import build_seeded
     from ampgan.tracking.tracker import make_client
 
@@ -228,13 +231,13 @@ def run_stalled(run_id: str, uri: str, s: Settings, data: Dataset, dcfg: Diagnos
     if not history:
         return None, ""
     last = max(history, key=lambda m: m.step)
-    before = float(task.evaluate()[task.objective])
-    gain = last.value - before if task.direction == "maximize" else before - last.value
-    progress = gain / max(abs(task.objective_best - before), 1e-12)
-    if not math.isfinite(last.value) or progress >= dcfg.min_progress:
+    logged = Course("logged run", 0, last.step, task.objective, task.direction, task.objective_best,
+                    float(task.evaluate()[task.objective]), after=last.value, done=last.step)
+    if not math.isfinite(last.value) or logged.progress >= dcfg.min_progress:
         return None, ""
-    return last.step, (f"{STALLED}: {task.objective} {before:.4g} untrained (step 0, its seed) -> {last.value:.4g} at "
-                       f"step {last.step} ({100 * progress:+.1f}%, needs {100 * dcfg.min_progress:+.0f}%)")
+    return last.step, (f"{STALLED}: {task.objective} {logged.before:.4g} untrained (step 0, its seed) -> "
+                       f"{last.value:.4g} at step {last.step} ({100 * logged.progress:+.1f}%, needs "
+                       f"{100 * dcfg.min_progress:+.0f}%)")
 
 
 def run_failure(run_id: str, uri: str) -> tuple[int | None, str]:
