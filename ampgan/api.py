@@ -280,7 +280,7 @@ def train_step(net_with_loss, optimizer, amp: str = "O2", scaler: str = "dynamic
     (and its `global_step`, so a learning-rate schedule) untouched. Further settings:
     `health` (True: gradient-health reductions in the measuring variant of the step),
     `headroom` (True, with `health`: each leaf cell's max |output| there too, so `api.callback`
-    logs train/act_max_abs and float16's train/headroom), `measure_every` (10: which steps measure when no `api.callback` says), `jit` (True).
+    logs train/act_max_abs and float16's train/headroom), `measure_every` (None: with no `api.callback` to read them, no step measures; N: the first and every N-th), `jit` (True).
     Bad input raises `ampgan.AmpganError` with one line. See docs/own-script.md."""
     from ampgan.amp.user_scalers import scaler_config
     from ampgan.steps.user_step import build_train_step

@@ -257,9 +257,11 @@ class BareRunner:
 
 class ModelTrainRunner:
     """MindSpore's own `Model.train` on one net and the digits, as a user's script runs it: with
-    ampgan's train-step cell (`api.train_step`, a static scale, its defaults otherwise: gradient
-    health every 10th step), or with MindSpore's `TrainOneStepCell` and the same fixed scale
-    (`FixedLossScaleManager(drop_overflow_update=False)`, the manager CPU's `Model` accepts).
+    ampgan's train-step cell (`api.train_step`, a static scale, its defaults otherwise: with no
+    callback to read them, no step measures gradient health), or with MindSpore's `TrainOneStepCell` and the same fixed scale
+    (`FixedLossScaleManager(drop_overflow_update=False)`, the manager CPU's `Model` accepts, with
+    the optimizer's `loss_scale` the same, as its docs ask: the optimizer unscales the gradients,
+    as ampgan's cell does; without it Adam was handed gradients 1024 times too large).
     A block is one `model.train(1, ...)` over that many batches, with no callback.
 
     `graph`: the block runs in GRAPH_MODE (set for the block, PYNATIVE again after), where `Model`
@@ -297,7 +299,11 @@ class ModelTrainRunner:
             net = cv.create_model(mindcv, pretrained=False, num_classes=10, in_channels=1)
         else:
             net = nn.SequentialCell([nn.Dense(64, 256), nn.ReLU(), nn.Dense(256, 256), nn.ReLU(), nn.Dense(256, 10)])
-        loss, opt = nn.CrossEntropyLoss(), nn.Adam(net.trainable_params(), learning_rate=1e-3)
+        loss = nn.CrossEntropyLoss()
+        if ampgan_cell:
+            opt = nn.Adam(net.trainable_params(), learning_rate=1e-3)
+        else:   # as FixedLossScaleManager's docs ask: the optimizer divides the scale out of the gradients
+            opt = nn.Adam(net.trainable_params(), learning_rate=1e-3, loss_scale=self.SCALE)
         if ampgan_cell:
             self.model = Model(api.train_step(nn.WithLossCell(net, loss), opt, amp="O2", scaler="static",
                                               init_scale=self.SCALE))

@@ -106,6 +106,34 @@ def test_a_skipped_step_does_not_advance_the_optimizer_or_its_schedule():
         np.testing.assert_allclose(p.asnumpy(), q.asnumpy(), rtol=1e-3, atol=1e-6)
 
 
+class MeasuredSteps(Callback):
+    """The user's own callback: which steps the cell ran in its measuring variant."""
+
+    def __init__(self, cell):
+        self.cell, self.measured = cell, []
+
+    def on_train_step_end(self, run_context):
+        self.measured.append(self.cell.last_measured)
+
+
+@pytest.mark.parametrize("settings, expected", [
+    ({}, [False] * 5),                                       # nothing reads health: no step measures
+    ({"measure_every": 2}, [True, True, False, True, False]),  # the first and every 2nd
+])
+def test_without_api_callback_the_cell_measures_only_when_told(settings, expected):
+    ms.set_seed(1)
+    net = SmallNet()
+    cell = api.train_step(nn.WithLossCell(net, nn.CrossEntropyLoss()), nn.SGD(net.trainable_params(), 0.1),
+                          amp="O2", scaler="static", **settings)
+    seen = MeasuredSteps(cell)
+    Model(cell).train(1, digits(32 * 5), callbacks=[seen], dataset_sink_mode=False)
+    assert seen.measured == expected
+    for bad in (0, 1.5, True, "10"):
+        with pytest.raises(AmpganError, match="measure_every must be a whole number >= 1 or None"):
+            api.train_step(nn.WithLossCell(net, nn.CrossEntropyLoss()), nn.SGD(net.trainable_params(), 0.1),
+                           measure_every=bad)
+
+
 class CountingStatus:
     """A test double for a step's packed status: it counts the reads cut out of it."""
 

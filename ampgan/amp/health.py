@@ -41,5 +41,14 @@ def no_norm(grads: tuple) -> ms.Tensor:
     return ops.zeros((), ms.float32)
 
 
+def all_finite(grads: tuple) -> ms.Tensor:
+    """Whether every element of every gradient is finite, as one bool tensor, from one float32
+    sum per gradient: a sum is finite exactly when its elements are, except a sum beyond
+    float32's range (3.4e38), which counts as an overflow too. `mindspore.amp.all_finite` runs
+    three kernels per gradient on CPU (IsFinite, ReduceAll, a subtraction); on a small conv net
+    (mindcv's mobilenet_v1_025) those were about 7% of a training step."""
+    return ops.isfinite(ops.addn([g.astype(ms.float32).sum() for g in grads]))
+
+
 def global_norm(grads: tuple) -> ms.Tensor:
     return ops.sqrt(ops.addn([ops.square(g.astype(ms.float32)).sum() for g in grads]))

@@ -9,10 +9,10 @@ from functools import cached_property
 
 import mindspore as ms
 import numpy as np
-from mindspore import amp, ops
+from mindspore import ops
 
 from ampgan.amp.activations import ActivationPeaks, no_peaks, no_reset
-from ampgan.amp.health import HEALTH_FIELDS, global_norm, no_health, no_norm
+from ampgan.amp.health import HEALTH_FIELDS, all_finite, global_norm, no_health, no_norm
 from ampgan.steps.parallel import Replicas, replicas_for
 
 STATUS_FIELDS = ("finite", "applied", "scale", "grad_norm", "clipped")
@@ -21,7 +21,7 @@ FINITE, APPLIED, SCALE, GRAD_NORM, CLIPPED = range(len(STATUS_FIELDS))   # their
 
 def _own_gradients(scaled_grads):
     """A single process: the gradients as they are, and their finite flag."""
-    return scaled_grads, amp.all_finite(scaled_grads)
+    return scaled_grads, all_finite(scaled_grads)
 
 
 def _same(value):

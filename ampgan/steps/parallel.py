@@ -22,8 +22,8 @@ of two for N = 2, 4, 8: exact) makes every intermediate value what one process c
 `Replicas` (`replicas_for` returns None) and its step is unchanged.
 
 MindSpore's `TrainOneStepWithLossScaleCell` all-reduces its overflow status on GPU/Ascend only,
-and the functional `amp.all_finite` has no collective: without `agree` a rank whose shard
-overflows would skip the step while the others apply it. On CPU, MindSpore's AllReduce sums only
+and a finite check of one rank's gradients (`ampgan.amp.health.all_finite`, like
+`mindspore.amp.all_finite`) has no collective: without `agree` a rank whose shard would skip the step while the others apply it. On CPU, MindSpore's AllReduce sums only
 (MIN/MAX raise), so the flag is agreed through a sum and the peaks through an AllGather.
 """
 
@@ -33,7 +33,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import mindspore as ms
-from mindspore import amp, nn, ops
+from mindspore import nn, ops
+
+from ampgan.amp.health import all_finite
 
 
 def data_parallel() -> bool:
@@ -81,7 +83,7 @@ def replicas_for(weights) -> Replicas | None:
         return part
 
     def gradients(scaled_grads):
-        return reducer(scaled_grads), amp.all_finite(scaled_grads)
+        return reducer(scaled_grads), all_finite(scaled_grads)
 
     def agree(own_finite):
         return agree_finite(own_finite, all_sum)
