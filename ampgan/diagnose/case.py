@@ -108,7 +108,8 @@ class Case:
     command's diagnose and tracking nodes), the base of every fix's overrides; `settings`: it,
     validated; `start`: the checkpoint set the replay starts from (None: step 0); `failed_at`,
     `failure`: the run's first failure as it was logged or recorded (None, "": not known);
-    `run_id`: the diagnosed MLflow run; `workers`: its data-parallel ranks (replayed in one process)."""
+    `run_id`: the diagnosed MLflow run; `workers`: its data-parallel ranks (replayed in one process);
+    `stalled`: the logged run failed by never learning (`run_stalled`), so it is judged from step 0."""
 
     cfg: DictConfig
     dcfg: DiagnoseConfig
@@ -120,6 +121,7 @@ class Case:
     run_id: str | None = None
     workers: int = 1
     recording: object | None = None   # tracking.recorder.Recording: a flight recording
+    stalled: bool = False
 
     def describe(self) -> list[str]:
         """The progress lines that say where the replay starts and why."""
@@ -134,7 +136,7 @@ class Case:
                        + (f"failed at step {self.failed_at} ({self.failure}); " if self.failed_at else "")
                        + "starting from " + (f"checkpoint {self.start}" if self.start else
                                              "step 0 (a run that never learned is judged from its start)"
-                                             if self.failure.startswith(STALLED) else "step 0 (no checkpoint before it)"))
+                                             if self.stalled else "step 0 (no checkpoint before it)"))
         return out
 
 
@@ -163,7 +165,7 @@ def open_case(cfg: DictConfig, run_dir: Path) -> Case:
         recording = read(dcfg.start)
         failed_at, failure = recording.first_bad_step, recording.failure
         start = recorded_start(s, data, recording, Path(run_dir) / "start")
-    return Case(cfg, dcfg, s, data, start, failed_at, failure, run_id, workers, recording)
+    return Case(cfg, dcfg, s, data, start, failed_at, failure, run_id, workers, recording, stalled)
 
 
 def recorded_config(cfg: DictConfig, run_id: str) -> DictConfig:
