@@ -23,7 +23,8 @@ of two for N = 2, 4, 8: exact) makes every intermediate value what one process c
 
 MindSpore's `TrainOneStepWithLossScaleCell` all-reduces its overflow status on GPU/Ascend only,
 and a finite check of one rank's gradients (`ampgan.amp.health.all_finite`, like
-`mindspore.amp.all_finite`) has no collective: without `agree` a rank whose shard would skip the step while the others apply it. On CPU, MindSpore's AllReduce sums only
+`mindspore.amp.all_finite`) has no collective: without `agree` a rank whose shard overflows
+would skip the step while the others apply it. On CPU, MindSpore's AllReduce sums only
 (MIN/MAX raise), so the flag is agreed through a sum and the peaks through an AllGather.
 """
 
