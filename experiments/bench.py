@@ -258,7 +258,8 @@ class BareRunner:
 class ModelTrainRunner:
     """MindSpore's own `Model.train` on one net and the digits, as a user's script runs it: with
     ampgan's train-step cell (`api.train_step`, a static scale, its defaults otherwise: with no
-    callback to read them, no step measures gradient health), or with MindSpore's `TrainOneStepCell` and the same fixed scale
+    callback to read them, no step measures gradient health), or with MindSpore's
+    `TrainOneStepCell` and the same fixed scale
     (`FixedLossScaleManager(drop_overflow_update=False)`, the manager CPU's `Model` accepts, with
     the optimizer's `loss_scale` the same, as its docs ask: the optimizer unscales the gradients,
     as ampgan's cell does; without it Adam was handed gradients 1024 times too large).
@@ -302,12 +303,10 @@ class ModelTrainRunner:
         loss = nn.CrossEntropyLoss()
         if ampgan_cell:
             opt = nn.Adam(net.trainable_params(), learning_rate=1e-3)
-        else:   # as FixedLossScaleManager's docs ask: the optimizer divides the scale out of the gradients
-            opt = nn.Adam(net.trainable_params(), learning_rate=1e-3, loss_scale=self.SCALE)
-        if ampgan_cell:
             self.model = Model(api.train_step(nn.WithLossCell(net, loss), opt, amp="O2", scaler="static",
                                               init_scale=self.SCALE))
-        else:
+        else:   # as FixedLossScaleManager's docs ask: the optimizer divides the scale out of the gradients
+            opt = nn.Adam(net.trainable_params(), learning_rate=1e-3, loss_scale=self.SCALE)
             self.model = Model(net, loss, opt, amp_level="O2",
                                loss_scale_manager=FixedLossScaleManager(self.SCALE, drop_overflow_update=False))
         self.graph = graph

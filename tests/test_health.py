@@ -68,4 +68,3 @@ def test_all_finite_is_false_exactly_when_an_element_is_not_finite():
             expected = all(np.isfinite(g).all() for g in gs)
             got = bool(check(*[ms.Tensor(g) for g in gs]).asnumpy())
             assert got == expected, (dtype16, plant)
-

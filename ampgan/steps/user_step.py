@@ -149,8 +149,9 @@ class UserTrainStep(nn.Cell):
     measuring variant, with gradient health and (`headroom`) each leaf cell's max |output|
     (`ampgan.amp.activations`); the others run the plain variant. Without a callback nothing
     reads a status, so by default no step measures: a measuring step cost a mindcv
-    mobilenet_v1_025 step under `Model.train` about 10%, averaged over one in ten steps. `last_status`/`last_measured`: the newest step's packed
-    status (a device tensor, not fetched) and whether it was measured; `step` decodes it.
+    mobilenet_v1_025 step under `Model.train` about 10%, averaged over one in ten steps.
+    `last_status`/`last_measured`: the newest step's packed status (a device tensor, not fetched)
+    and whether it was measured; `step` decodes it.
     """
 
     ampgan_step = True   # what api.callback looks for
